@@ -1,0 +1,121 @@
+//! Case files (SPEC §9): a safetensors file holding one call — the input tensors under their
+//! contract names, `op` and the attributes in the metadata as JSON text — and the output
+//! file with the results under their contract names.
+
+use crate::error::{Error, Result};
+use crate::ops::{AttrMap, TensorMap};
+use crate::tensor::{DType, Tensor};
+use safetensors::{Dtype as SDtype, SafeTensors};
+use std::collections::HashMap;
+
+/// One call read from a case file.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub op: String,
+    pub attrs: AttrMap,
+    pub inputs: TensorMap,
+}
+
+fn dtype_from(d: SDtype, name: &str) -> Result<DType> {
+    Ok(match d {
+        SDtype::F32 => DType::F32,
+        SDtype::F16 => DType::F16,
+        SDtype::BF16 => DType::BF16,
+        SDtype::I32 => DType::I32,
+        SDtype::U32 => DType::U32,
+        other => {
+            return Err(Error::Case(format!(
+                "tensor `{name}` has type {other:?}; supported: F32, F16, BF16, I32, U32"
+            )))
+        }
+    })
+}
+
+fn dtype_to(d: DType) -> SDtype {
+    match d {
+        DType::F32 => SDtype::F32,
+        DType::F16 => SDtype::F16,
+        DType::BF16 => SDtype::BF16,
+        DType::I32 => SDtype::I32,
+        DType::U32 => SDtype::U32,
+    }
+}
+
+impl Case {
+    /// Parses case-file bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Case> {
+        let (_, meta) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
+        let st = SafeTensors::deserialize(bytes)
+            .map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
+        let md = meta.metadata().clone().unwrap_or_default();
+        let op_text = md
+            .get("op")
+            .ok_or_else(|| Error::Case("metadata has no `op` entry".into()))?;
+        // `op` is the bare name; a JSON string ("\"qsa_prepare\"") is accepted too.
+        let op = match serde_json::from_str::<serde_json::Value>(op_text) {
+            Ok(serde_json::Value::String(s)) => s,
+            _ => op_text.trim().to_string(),
+        };
+        let mut attrs = AttrMap::new();
+        for (k, v) in &md {
+            if k == "op" {
+                continue;
+            }
+            let val: serde_json::Value = serde_json::from_str(v).map_err(|e| {
+                Error::Case(format!("attribute `{k}`: value {v:?} is not JSON text: {e}"))
+            })?;
+            attrs.insert(k.clone(), val);
+        }
+        let mut inputs = TensorMap::new();
+        for (name, view) in st.tensors() {
+            let dt = dtype_from(view.dtype(), &name)?;
+            let t = Tensor::from_bytes(dt, view.shape(), view.data().to_vec())?;
+            inputs.insert(name, t);
+        }
+        Ok(Case { op, attrs, inputs })
+    }
+
+    /// Reads a case file.
+    pub fn read(path: &str) -> Result<Case> {
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_string(),
+            source,
+        })?;
+        Case::from_bytes(&bytes)
+    }
+
+    /// Serializes this call as a case file.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut md = HashMap::new();
+        md.insert("op".to_string(), self.op.clone());
+        for (k, v) in &self.attrs {
+            md.insert(k.clone(), v.to_string());
+        }
+        serialize(&self.inputs, Some(md))
+    }
+}
+
+/// Serializes named tensors as safetensors bytes.
+pub fn serialize(tensors: &TensorMap, metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(k, t)| {
+            safetensors::tensor::TensorView::new(dtype_to(t.dtype), t.shape.clone(), &t.data)
+                .map(|v| (k.clone(), v))
+                .map_err(|e| Error::Case(format!("tensor `{k}`: {e}")))
+        })
+        .collect::<Result<_>>()?;
+    safetensors::serialize(views, metadata).map_err(|e| Error::Case(format!("serialize: {e}")))
+}
+
+/// Reads an output (or any) safetensors file into named tensors.
+pub fn read_tensors(bytes: &[u8]) -> Result<TensorMap> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
+    let mut m = TensorMap::new();
+    for (name, view) in st.tensors() {
+        let dt = dtype_from(view.dtype(), &name)?;
+        m.insert(name, Tensor::from_bytes(dt, view.shape(), view.data().to_vec())?);
+    }
+    Ok(m)
+}

@@ -1,0 +1,171 @@
+//! The pipeline cache: a typed, hashable key (shader, entry point, specialisation constants)
+//! maps to a compute pipeline whose bind group layout is *reflected* from the shader by naga,
+//! so bindings are never written twice. Pipelines are built once and kept for the context's
+//! life; a counter lets tests prove that a steady-state step builds none.
+
+use crate::error::{Error, Result};
+use crate::shaders;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Identity of a pipeline: which shader, which entry point, which override values. The ordered
+/// map of constants is both the specialisation passed to wgpu and part of the key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    pub shader: &'static str,
+    pub entry: &'static str,
+    pub constants: BTreeMap<&'static str, u32>,
+}
+
+impl PipelineKey {
+    pub fn new(shader: &'static str, entry: &'static str) -> Self {
+        PipelineKey {
+            shader,
+            entry,
+            constants: BTreeMap::new(),
+        }
+    }
+
+    /// Adds one override constant.
+    pub fn with(mut self, name: &'static str, value: u32) -> Self {
+        self.constants.insert(name, value);
+        self
+    }
+}
+
+/// A built pipeline with its reflected layout.
+pub struct CachedPipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+    /// Binding numbers of group 0 in order, as the shader declares them.
+    pub bindings: Vec<u32>,
+    pub workgroup_size: [u32; 3],
+}
+
+/// Built-once pipelines, keyed by [`PipelineKey`].
+#[derive(Default)]
+pub struct PipelineCache {
+    map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
+    created: AtomicUsize,
+}
+
+/// Kind of one reflected binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindingKind {
+    Uniform,
+    Storage { read_only: bool },
+}
+
+/// Bindings of group 0 and the workgroup size of `entry`, read from the module by naga.
+pub fn reflect(module: &naga::Module, entry: &str) -> Option<(Vec<(u32, BindingKind)>, [u32; 3])> {
+    let ep = module.entry_points.iter().find(|e| e.name == entry)?;
+    let mut out = Vec::new();
+    for (_, var) in module.global_variables.iter() {
+        let Some(rb) = &var.binding else { continue };
+        if rb.group != 0 {
+            continue;
+        }
+        let kind = match var.space {
+            naga::AddressSpace::Uniform => BindingKind::Uniform,
+            naga::AddressSpace::Storage { access } => BindingKind::Storage {
+                read_only: !access.contains(naga::StorageAccess::STORE),
+            },
+            _ => continue,
+        };
+        out.push((rb.binding, kind));
+    }
+    out.sort_by_key(|b| b.0);
+    Some((out, ep.workgroup_size))
+}
+
+impl PipelineCache {
+    /// Number of pipelines built so far.
+    pub fn created(&self) -> usize {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    /// Returns the cached pipeline for `key`, building it on first use.
+    pub async fn get(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<Arc<CachedPipeline>> {
+        if let Some(p) = self.map.lock().unwrap().get(key) {
+            return Ok(p.clone());
+        }
+        let built = Arc::new(build(device, key).await?);
+        self.created.fetch_add(1, Ordering::Relaxed);
+        self.map.lock().unwrap().insert(key.clone(), built.clone());
+        Ok(built)
+    }
+}
+
+async fn build(device: &wgpu::Device, key: &PipelineKey) -> Result<CachedPipeline> {
+    let name = format!("qsa.{}", key.shader);
+    let src = shaders::assemble(key.shader)?;
+    let module = naga::front::wgsl::parse_str(&src).map_err(|e| {
+        log::error!("final WGSL of `{}`:\n{src}", key.shader);
+        Error::Shader {
+            name: key.shader.to_string(),
+            msg: e.emit_to_string(&src),
+        }
+    })?;
+    let (bindings, workgroup_size) = reflect(&module, key.entry).ok_or_else(|| Error::Shader {
+        name: key.shader.to_string(),
+        msg: format!("no entry point `{}`", key.entry),
+    })?;
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings
+        .iter()
+        .map(|(b, kind)| wgpu::BindGroupLayoutEntry {
+            binding: *b,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: match kind {
+                    BindingKind::Uniform => wgpu::BufferBindingType::Uniform,
+                    BindingKind::Storage { read_only } => wgpu::BufferBindingType::Storage {
+                        read_only: *read_only,
+                    },
+                },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(&name),
+        source: wgpu::ShaderSource::Wgsl(src.clone().into()),
+    });
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(&name),
+        entries: &entries,
+    });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(&name),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let constants: Vec<(&str, f64)> = key.constants.iter().map(|(k, v)| (*k, *v as f64)).collect();
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&name),
+        layout: Some(&pl),
+        module: &shader,
+        entry_point: Some(key.entry),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants: &constants,
+            zero_initialize_workgroup_memory: false,
+        },
+        cache: None,
+    });
+    if let Some(e) = scope.pop().await {
+        log::error!("final WGSL of `{}`:\n{src}", key.shader);
+        return Err(Error::Shader {
+            name: key.shader.to_string(),
+            msg: format!("{} ({:?}): {e}", key.entry, key.constants),
+        });
+    }
+    Ok(CachedPipeline {
+        pipeline,
+        layout,
+        bindings: bindings.iter().map(|b| b.0).collect(),
+        workgroup_size,
+    })
+}

@@ -1,0 +1,194 @@
+//! The GPU context: adapter choice, limits negotiated once, features kept for operator
+//! variants, and the wrappers that turn wgpu errors into [`Error`]s instead of panics.
+
+mod buffers;
+mod cache;
+
+pub use buffers::{GpuTensor, Readback};
+pub use cache::{CachedPipeline, PipelineCache, PipelineKey};
+
+use crate::error::{Error, Result};
+use std::sync::Arc;
+
+/// How to pick the adapter.
+#[derive(Clone, Debug, Default)]
+pub struct ContextOptions {
+    /// Backends to consider, e.g. `"vulkan"`, `"gl"`, `"metal,dx12"`. `None` honours
+    /// `WGPU_BACKEND` and otherwise takes every backend wgpu was built with.
+    pub backends: Option<String>,
+}
+
+/// Adapter features an operator may choose a variant by.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Capabilities {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+}
+
+/// Adapter, device, queue and the pipeline cache. Cheap to share through an `Arc`.
+pub struct Context {
+    pub instance: wgpu::Instance,
+    pub adapter: wgpu::Adapter,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub caps: Capabilities,
+    pub cache: PipelineCache,
+    /// A 16-byte storage buffer bound where an optional input is absent.
+    pub(crate) dummy: wgpu::Buffer,
+}
+
+impl Context {
+    /// Creates a context (async: the browser cannot block).
+    pub async fn new(opts: &ContextOptions) -> Result<Arc<Context>> {
+        let backends = match &opts.backends {
+            Some(list) => {
+                let b = wgpu::Backends::from_comma_list(list);
+                if b.is_empty() {
+                    return Err(Error::Adapter(format!("unknown backend list `{list}`")));
+                }
+                b
+            }
+            None => wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),
+        };
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        desc.flags = wgpu::InstanceFlags::from_build_config().with_env();
+        desc.backend_options = wgpu::BackendOptions::from_env_or_default();
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::from_env()
+                    .unwrap_or(wgpu::PowerPreference::HighPerformance),
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            })
+            .await
+            .map_err(|e| Error::Adapter(format!("no adapter for backends {backends:?}: {e}")))?;
+        let info = adapter.get_info();
+        let available = adapter.features();
+        let caps = Capabilities {
+            shader_f16: available.contains(wgpu::Features::SHADER_F16),
+            subgroups: available.contains(wgpu::Features::SUBGROUP),
+            timestamps: available.contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
+        let mut required = wgpu::Features::empty();
+        if caps.timestamps {
+            required |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        // Limits are negotiated once: everything the adapter offers.
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("qsa.device"),
+                required_features: required,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::Adapter(format!("request_device on {}: {e}", info.name)))?;
+        // Errors outside an error scope are logged, never a panic.
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            log::error!("uncaptured wgpu error: {e}");
+        }));
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("qsa.dummy"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        Ok(Arc::new(Context {
+            instance,
+            adapter,
+            device,
+            queue,
+            info,
+            limits,
+            caps,
+            cache: PipelineCache::default(),
+            dummy,
+        }))
+    }
+
+    /// Blocking wrapper of [`Context::new`] for native callers.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new_blocking(opts: &ContextOptions) -> Result<Arc<Context>> {
+        pollster::block_on(Context::new(opts))
+    }
+
+    /// One line naming adapter, backend and driver.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?}, driver {} {})",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info
+        )
+    }
+
+    /// Checks a buffer size against the binding and buffer limits.
+    pub fn check_binding_size(&self, op: &'static str, input: &str, bytes: u64) -> Result<()> {
+        let lim = self.limits.max_storage_buffer_binding_size;
+        if bytes > lim {
+            return Err(Error::Limit {
+                op,
+                input: input.to_string(),
+                need: bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit: lim,
+            });
+        }
+        let lim = self.limits.max_buffer_size;
+        if bytes > lim {
+            return Err(Error::Limit {
+                op,
+                input: input.to_string(),
+                need: bytes,
+                limit_name: "max_buffer_size",
+                limit: lim,
+            });
+        }
+        Ok(())
+    }
+
+    /// Submits command buffers inside validation and out-of-memory error scopes.
+    pub async fn submit(&self, label: &str, encoder: wgpu::CommandEncoder) -> Result<()> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let cmd = encoder.finish();
+        self.queue.submit([cmd]);
+        let v = val.pop().await;
+        let o = oom.pop().await;
+        if let Some(e) = v.or(o) {
+            return Err(Error::Gpu(format!("{label}: {e}")));
+        }
+        Ok(())
+    }
+
+    /// Waits for submitted work (native only; in the browser the readback future waits).
+    pub fn wait(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu(format!("poll: {e}")))?;
+        Ok(())
+    }
+
+    /// Number of 1-D workgroups split over x and y so neither exceeds the per-dimension limit.
+    /// Shaders recover the linear index as `wg.y * num_workgroups.x + wg.x`.
+    pub fn grid(&self, groups: u32) -> (u32, u32) {
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1);
+        if groups <= max {
+            (groups.max(1), 1)
+        } else {
+            (max, groups.div_ceil(max))
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! qsa-wgpu: the sparse-attention indexers of long-context models (QSA, DSA, NSA) as portable
+//! WGSL compute shaders driven through wgpu, each with a CPU reference. The operator contract
+//! is in `docs/contract.md`; `README.md` says how to run and test.
+
+pub mod case;
+pub mod error;
+pub mod gpu;
+pub mod ops;
+pub mod paged;
+pub mod shaders;
+pub mod tensor;
+
+pub use error::{Error, Result};
+pub use tensor::{DType, Tensor};

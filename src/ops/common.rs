@@ -1,0 +1,308 @@
+//! What every operator shares: named inputs and attributes, the checks of SPEC §0, the CPU
+//! row transform (RMS norm + split-half RoPE) and the GPU dispatch helper.
+
+use crate::error::{Error, Result};
+use crate::gpu::{Context, PipelineKey};
+use crate::tensor::{DType, Tensor};
+use std::collections::BTreeMap;
+
+/// Tensors by contract name.
+pub type TensorMap = BTreeMap<String, Tensor>;
+/// Attribute values by name, as parsed from the case file's JSON text.
+pub type AttrMap = BTreeMap<String, serde_json::Value>;
+
+/// Where an operator runs.
+#[derive(Clone, Copy)]
+pub enum Exec<'a> {
+    Cpu,
+    Gpu(&'a Context),
+}
+
+/// A required input.
+pub fn req<'a>(op: &'static str, m: &'a TensorMap, name: &str) -> Result<&'a Tensor> {
+    m.get(name)
+        .ok_or_else(|| Error::input(op, name, "required input is missing"))
+}
+
+/// An optional input; a zero-element tensor counts as absent (SPEC §0).
+pub fn opt<'a>(m: &'a TensorMap, name: &str) -> Option<&'a Tensor> {
+    m.get(name).filter(|t| t.numel() > 0)
+}
+
+/// Checks the rank of `t` and returns its shape.
+pub fn rank<'a>(op: &'static str, name: &str, t: &'a Tensor, r: usize) -> Result<&'a [usize]> {
+    if t.shape.len() != r {
+        return Err(Error::input(
+            op,
+            name,
+            format!("expected rank {r}, got shape {:?}", t.shape),
+        ));
+    }
+    Ok(&t.shape)
+}
+
+/// Checks that `t` has exactly `shape`.
+pub fn shape_is(op: &'static str, name: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
+    if t.shape != shape {
+        return Err(Error::input(
+            op,
+            name,
+            format!("expected shape {shape:?}, got {:?}", t.shape),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `t` is a float tensor of the call's type `dt`.
+pub fn float_of(op: &'static str, name: &str, t: &Tensor, dt: DType) -> Result<()> {
+    if t.dtype != dt {
+        return Err(Error::input(
+            op,
+            name,
+            format!("dtype {} differs from the call's activation type {dt}", t.dtype),
+        ));
+    }
+    Ok(())
+}
+
+/// The activation type of a call, from its leading float input.
+pub fn float_type(op: &'static str, name: &str, t: &Tensor) -> Result<DType> {
+    if !t.dtype.is_float() {
+        return Err(Error::input(
+            op,
+            name,
+            format!("dtype {} is not one of f32, f16, bf16", t.dtype),
+        ));
+    }
+    Ok(t.dtype)
+}
+
+/// Integer input values (i32 or u32 accepted; the contract names the usual type).
+pub fn ints(op: &'static str, name: &str, t: &Tensor) -> Result<Vec<i64>> {
+    if !matches!(t.dtype, DType::I32 | DType::U32) {
+        return Err(Error::input(
+            op,
+            name,
+            format!("dtype {} is not an integer type (i32 or u32)", t.dtype),
+        ));
+    }
+    Ok(t.to_i64())
+}
+
+/// Integer values that must be ≥ 0 and fit in u32.
+pub fn uints(op: &'static str, name: &str, t: &Tensor) -> Result<Vec<u32>> {
+    ints(op, name, t)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            u32::try_from(v)
+                .map_err(|_| Error::input(op, name, format!("element {i} is {v}, must be >= 0")))
+        })
+        .collect()
+}
+
+fn attr_num(op: &'static str, a: &AttrMap, name: &str) -> Result<Option<f64>> {
+    match a.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| Error::attr(op, name, format!("expected a number, got {v}"))),
+    }
+}
+
+/// An integer attribute, `default` when absent (`None`: required).
+pub fn attr_int(op: &'static str, a: &AttrMap, name: &str, default: Option<i64>) -> Result<i64> {
+    match attr_num(op, a, name)? {
+        Some(v) if v.fract() == 0.0 && v.abs() < 9.0e15 => Ok(v as i64),
+        Some(v) => Err(Error::attr(op, name, format!("expected an integer, got {v}"))),
+        None => default.ok_or_else(|| Error::attr(op, name, "required attribute is missing")),
+    }
+}
+
+/// A finite float attribute, `default` when absent.
+pub fn attr_f32(op: &'static str, a: &AttrMap, name: &str, default: f32) -> Result<f32> {
+    match attr_num(op, a, name)? {
+        Some(v) if v.is_finite() => Ok(v as f32),
+        Some(v) => Err(Error::attr(op, name, format!("must be finite, got {v}"))),
+        None => Ok(default),
+    }
+}
+
+/// A string attribute, `default` when absent.
+pub fn attr_str(op: &'static str, a: &AttrMap, name: &str, default: &str) -> Result<String> {
+    match a.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(default.to_string()),
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(v) => Err(Error::attr(op, name, format!("expected a string, got {v}"))),
+    }
+}
+
+/// A boolean attribute, `default` when absent (also accepts 0 / 1).
+pub fn attr_bool(op: &'static str, a: &AttrMap, name: &str, default: bool) -> Result<bool> {
+    match a.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(serde_json::Value::Bool(b)) => Ok(*b),
+        Some(serde_json::Value::Number(n)) if n.as_i64() == Some(0) => Ok(false),
+        Some(serde_json::Value::Number(n)) if n.as_i64() == Some(1) => Ok(true),
+        Some(v) => Err(Error::attr(op, name, format!("expected true or false, got {v}"))),
+    }
+}
+
+/// Largest channel count one workgroup row holds (`MAX_D` in `shaders/common/rowmath.wgsl`).
+pub const MAX_D: usize = 2048;
+
+/// Checks a channel count against [`MAX_D`].
+pub fn check_di(op: &'static str, name: &str, di: usize) -> Result<()> {
+    if di == 0 || di > MAX_D {
+        return Err(Error::input(
+            op,
+            name,
+            format!("channel count {di} must be in 1..={MAX_D}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a rotary dimension: even, ≤ Di.
+pub fn check_dr(op: &'static str, name: &str, dr: usize, di: usize) -> Result<()> {
+    if dr % 2 != 0 || dr > di {
+        return Err(Error::input(
+            op,
+            name,
+            format!("rotary dim {dr} must be even and <= Di = {di}"),
+        ));
+    }
+    Ok(())
+}
+
+/// CPU row transform, written to read like `shaders/common/rowmath.wgsl`: RMS norm with
+/// weight `(offset + w)` when `w` is given, then split-half RoPE of the first `dr` channels
+/// with per-channel `cos(c)`, `sin(c)`.
+pub fn transform_row(
+    row: &mut [f32],
+    w: Option<&[f32]>,
+    eps: f32,
+    offset: f32,
+    dr: usize,
+    cs: impl Fn(usize) -> (f32, f32),
+) {
+    let d = row.len();
+    if let Some(w) = w {
+        let ss: f32 = row.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (ss / d as f32 + eps).sqrt();
+        for (c, v) in row.iter_mut().enumerate() {
+            *v = *v * inv * (offset + w[c]);
+        }
+    }
+    if dr > 0 {
+        let h = dr / 2;
+        let y: Vec<f32> = row[..dr].to_vec();
+        for c in 0..dr {
+            let (co, si) = cs(c);
+            row[c] = if c < h {
+                y[c] * co - y[c + h] * si
+            } else {
+                y[c] * co + y[c - h] * si
+            };
+        }
+    }
+}
+
+/// One compute dispatch: a pipeline, its params, its storage buffers in binding order
+/// (binding 0 is the uniform params), and the number of workgroups.
+pub struct Dispatch<'a> {
+    pub key: PipelineKey,
+    pub params: &'a [u8],
+    pub buffers: Vec<&'a wgpu::Buffer>,
+    pub groups: u32,
+}
+
+/// Records `d` into `enc`. Builds (or reuses) the pipeline; one bind group per call.
+pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'_>) -> Result<()> {
+    use wgpu::util::DeviceExt;
+    let cp = ctx.cache.get(&ctx.device, &d.key).await?;
+    let label = format!("qsa.{}", d.key.shader);
+    let ubuf = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some(&label),
+        contents: d.params,
+        usage: wgpu::BufferUsages::UNIFORM,
+    });
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: ubuf.as_entire_binding(),
+    }];
+    for (i, b) in d.buffers.iter().enumerate() {
+        entries.push(wgpu::BindGroupEntry {
+            binding: i as u32 + 1,
+            resource: b.as_entire_binding(),
+        });
+    }
+    if entries.len() != cp.bindings.len() {
+        return Err(Error::Shader {
+            name: d.key.shader.to_string(),
+            msg: format!(
+                "host binds {} buffers, shader declares {}",
+                entries.len(),
+                cp.bindings.len()
+            ),
+        });
+    }
+    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(&label),
+        layout: &cp.layout,
+        entries: &entries,
+    });
+    let (x, y) = ctx.grid(d.groups);
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(&label),
+        timestamp_writes: None,
+    });
+    pass.set_pipeline(&cp.pipeline);
+    pass.set_bind_group(0, &bg, &[]);
+    if d.groups > 0 {
+        pass.dispatch_workgroups(x, y, 1);
+    }
+    Ok(())
+}
+
+/// Turns the device flag word into an error naming the operator.
+pub fn check_flags(op: &'static str, flags: u32) -> Result<()> {
+    if flags == 0 {
+        return Ok(());
+    }
+    let names = [
+        (1, "key_counts < cache_lengths"),
+        (2, "key_counts / r > max_blocks"),
+        (4, "a position needs a page-table column past max_pages"),
+        (8, "a page-table entry is >= num_pages"),
+        (16, "a position is outside the rotary table"),
+        (32, "a token index is outside 0 ..= its query position"),
+    ];
+    let msg: Vec<&str> = names
+        .iter()
+        .filter(|(b, _)| flags & b != 0)
+        .map(|(_, s)| *s)
+        .collect();
+    Err(Error::Device {
+        op,
+        msg: format!("{} (flags {flags:#x})", msg.join("; ")),
+    })
+}
+
+/// Concatenates T tensors into one word-aligned buffer image; returns the bytes and each
+/// segment's element offset (absent segments get offset 0 and no bytes).
+pub fn pack_segments(dt: DType, segs: &[Option<&Tensor>]) -> (Vec<u8>, Vec<u32>) {
+    let mut bytes = Vec::new();
+    let mut offs = Vec::new();
+    for s in segs {
+        while bytes.len() % 4 != 0 {
+            bytes.push(0);
+        }
+        offs.push((bytes.len() / dt.size()) as u32);
+        if let Some(t) = s {
+            bytes.extend_from_slice(&t.data);
+        }
+    }
+    (bytes, offs)
+}

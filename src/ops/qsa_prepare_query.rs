@@ -1,0 +1,243 @@
+//! `qsa_prepare_query` (SPEC §3): index queries, each head RMS-normed and rotated exactly as
+//! a block key, at the query's own position. Shader: `shaders/qsa_prepare_query.wgsl`.
+
+use super::common::*;
+use crate::error::{Error, Result};
+use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::tensor::{DType, Tensor};
+
+pub const OP: &str = "qsa_prepare_query";
+
+/// Attributes of `qsa_prepare_query`.
+#[derive(Clone, Debug)]
+pub struct QsaPrepareQueryAttrs {
+    pub epsilon: f32,
+    pub norm_weight_offset: f32,
+    /// `None`: taken from the rope tables' width.
+    pub rotary_dim: Option<usize>,
+}
+
+impl QsaPrepareQueryAttrs {
+    pub fn from_map(a: &AttrMap) -> Result<Self> {
+        let epsilon = attr_f32(OP, a, "epsilon", 1e-6)?;
+        if epsilon < 0.0 {
+            return Err(Error::attr(OP, "epsilon", format!("must be >= 0, got {epsilon}")));
+        }
+        let rotary_dim = match a.get("rotary_dim") {
+            None => None,
+            Some(_) => {
+                let v = attr_int(OP, a, "rotary_dim", None)?;
+                if v < 0 {
+                    return Err(Error::attr(OP, "rotary_dim", format!("must be >= 0, got {v}")));
+                }
+                Some(v as usize)
+            }
+        };
+        Ok(QsaPrepareQueryAttrs {
+            epsilon,
+            norm_weight_offset: attr_f32(OP, a, "norm_weight_offset", 0.0)?,
+            rotary_dim,
+        })
+    }
+}
+
+/// Inputs of `qsa_prepare_query`.
+pub struct QsaPrepareQueryInputs<'a> {
+    pub index_query_raw: &'a Tensor,
+    pub q_norm_weight: Option<&'a Tensor>,
+    pub rope_cos: Option<&'a Tensor>,
+    pub rope_sin: Option<&'a Tensor>,
+    pub freqs_cis: Option<&'a Tensor>,
+    pub positions: Option<&'a Tensor>,
+}
+
+impl<'a> QsaPrepareQueryInputs<'a> {
+    pub fn from_map(m: &'a TensorMap) -> Result<Self> {
+        Ok(QsaPrepareQueryInputs {
+            index_query_raw: req(OP, m, "index_query_raw")?,
+            q_norm_weight: opt(m, "q_norm_weight"),
+            rope_cos: opt(m, "rope_cos"),
+            rope_sin: opt(m, "rope_sin"),
+            freqs_cis: opt(m, "freqs_cis"),
+            positions: opt(m, "positions"),
+        })
+    }
+}
+
+/// Where the rotation comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rope {
+    None,
+    /// Per-row, per-channel cos/sin tables.
+    Tables,
+    /// `freqs_cis` rows at these positions.
+    Freqs(Vec<u32>),
+}
+
+/// The checked geometry of one call.
+pub struct Plan {
+    pub dt: DType,
+    pub t: usize,
+    pub hi: usize,
+    pub di: usize,
+    pub dr: usize,
+    pub rope: Rope,
+    pub freq_rows: usize,
+}
+
+/// Every host-checkable rule of SPEC §3.
+pub fn validate(x: &QsaPrepareQueryInputs, a: &QsaPrepareQueryAttrs) -> Result<Plan> {
+    let dt = float_type(OP, "index_query_raw", x.index_query_raw)?;
+    let &[t, hi, di] = rank(OP, "index_query_raw", x.index_query_raw, 3)? else { unreachable!() };
+    check_di(OP, "index_query_raw", di)?;
+    if let Some(w) = x.q_norm_weight {
+        float_of(OP, "q_norm_weight", w, dt)?;
+        shape_is(OP, "q_norm_weight", w, &[di])?;
+    }
+    let tables = x.rope_cos.is_some() || x.rope_sin.is_some();
+    let freqs = x.freqs_cis.is_some() || x.positions.is_some();
+    if tables && freqs {
+        return Err(Error::input(OP, "freqs_cis", "give rope_cos/rope_sin or freqs_cis/positions, not both"));
+    }
+    let check_width = |name: &str, w: usize| -> Result<usize> {
+        let dr = a.rotary_dim.unwrap_or(w);
+        if dr != w {
+            return Err(Error::input(OP, name, format!("has {w} columns, rotary_dim is {dr}")));
+        }
+        check_dr(OP, name, dr, di)?;
+        Ok(dr)
+    };
+    let mut freq_rows = 0;
+    let (dr, rope) = if tables {
+        let c = x.rope_cos.ok_or_else(|| Error::input(OP, "rope_cos", "rope_sin is given, rope_cos is not"))?;
+        let s = x.rope_sin.ok_or_else(|| Error::input(OP, "rope_sin", "rope_cos is given, rope_sin is not"))?;
+        float_of(OP, "rope_cos", c, dt)?;
+        float_of(OP, "rope_sin", s, dt)?;
+        let &[ct, w] = rank(OP, "rope_cos", c, 2)? else { unreachable!() };
+        if ct != t {
+            return Err(Error::input(OP, "rope_cos", format!("has {ct} rows for T = {t}")));
+        }
+        shape_is(OP, "rope_sin", s, &c.shape)?;
+        (check_width("rope_cos", w)?, Rope::Tables)
+    } else if freqs {
+        let f = x.freqs_cis.ok_or_else(|| Error::input(OP, "freqs_cis", "positions is given, freqs_cis is not"))?;
+        let p = x.positions.ok_or_else(|| Error::input(OP, "positions", "freqs_cis is given, positions is not"))?;
+        float_of(OP, "freqs_cis", f, dt)?;
+        let &[rows, w] = rank(OP, "freqs_cis", f, 2)? else { unreachable!() };
+        shape_is(OP, "positions", p, &[t])?;
+        let pos = ints(OP, "positions", p)?;
+        let mut out = Vec::with_capacity(t);
+        for (i, &v) in pos.iter().enumerate() {
+            if v < 0 || v as usize >= rows {
+                return Err(Error::input(OP, "positions", format!("row {i}: position {v} outside freqs_cis rows 0..{rows}")));
+            }
+            out.push(v as u32);
+        }
+        freq_rows = rows;
+        (check_width("freqs_cis", w)?, Rope::Freqs(out))
+    } else {
+        (0, Rope::None)
+    };
+    Ok(Plan { dt, t, hi, di, dr, rope, freq_rows })
+}
+
+/// The CPU reference.
+pub fn cpu(x: &QsaPrepareQueryInputs, a: &QsaPrepareQueryAttrs) -> Result<Tensor> {
+    let p = validate(x, a)?;
+    let mut q = x.index_query_raw.to_f32();
+    let w = x.q_norm_weight.map(|t| t.to_f32());
+    let cos = x.rope_cos.map(|t| t.to_f32());
+    let sin = x.rope_sin.map(|t| t.to_f32());
+    let freqs = x.freqs_cis.map(|t| t.to_f32());
+    let dr = p.dr;
+    for t in 0..p.t {
+        for h in 0..p.hi {
+            let row = &mut q[(t * p.hi + h) * p.di..][..p.di];
+            transform_row(row, w.as_deref(), a.epsilon, a.norm_weight_offset, dr, |c| match &p.rope {
+                Rope::Tables => (cos.as_ref().unwrap()[t * dr + c], sin.as_ref().unwrap()[t * dr + c]),
+                Rope::Freqs(pos) => {
+                    let i = pos[t] as usize * dr + 2 * (c % (dr / 2));
+                    let f = freqs.as_ref().unwrap();
+                    (f[i], f[i + 1])
+                }
+                Rope::None => (1.0, 0.0),
+            });
+        }
+    }
+    Ok(Tensor::from_f32(p.dt, &x.index_query_raw.shape, &q))
+}
+
+/// Uniform parameters; layout checked against the WGSL struct by a test.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct QsaPrepareQueryParams {
+    pub t: u32,
+    pub hi: u32,
+    pub di: u32,
+    pub dr: u32,
+    pub rope_mode: u32,
+    pub norm_on: u32,
+    pub freq_rows: u32,
+    pub _pad0: u32,
+    pub eps: f32,
+    pub offset: f32,
+    pub _pad1: u32,
+    pub _pad2: u32,
+}
+
+/// Runs on the GPU: uploads, one dispatch, readback.
+pub async fn gpu(ctx: &Context, x: &QsaPrepareQueryInputs<'_>, a: &QsaPrepareQueryAttrs) -> Result<Tensor> {
+    let p = validate(x, a)?;
+    let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
+    let q = up("index_query_raw", x.index_query_raw)?;
+    let w = x.q_norm_weight.map(|t| up("q_norm_weight", t)).transpose()?;
+    let (mode, ra, rb, pos) = match &p.rope {
+        Rope::None => (0, None, None, None),
+        Rope::Tables => (1, x.rope_cos, x.rope_sin, None),
+        Rope::Freqs(pos) => (2, x.freqs_cis, None, Some(Tensor::from_u32(&[pos.len()], pos))),
+    };
+    let ra = ra.map(|t| up("rope_a", t)).transpose()?;
+    let rb = rb.map(|t| up("rope_b", t)).transpose()?;
+    let pos = pos.map(|t| up("positions", &t)).transpose()?;
+    let out = GpuTensor::filled(ctx, "qsa.qsa_prepare_query.index_query", p.dt, &x.index_query_raw.shape, 0xff)?;
+    let flags = up("flags", &Tensor::from_u32(&[1], &[0]))?;
+    let prm = QsaPrepareQueryParams {
+        t: p.t as u32,
+        hi: p.hi as u32,
+        di: p.di as u32,
+        dr: p.dr as u32,
+        rope_mode: mode,
+        norm_on: w.is_some() as u32,
+        freq_rows: p.freq_rows as u32,
+        eps: a.epsilon,
+        offset: a.norm_weight_offset,
+        ..Default::default()
+    };
+    let d = &ctx.dummy;
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    encode(
+        ctx,
+        &mut enc,
+        Dispatch {
+            key: PipelineKey::new(OP, "main").with("T_KIND", p.dt.shader_kind()),
+            params: bytemuck::bytes_of(&prm),
+            buffers: vec![
+                &q.buffer,
+                w.as_ref().map_or(d, |b| &b.buffer),
+                ra.as_ref().map_or(d, |b| &b.buffer),
+                rb.as_ref().map_or(d, |b| &b.buffer),
+                pos.as_ref().map_or(d, |b| &b.buffer),
+                &out.buffer,
+                &flags.buffer,
+            ],
+            groups: (p.t * p.hi) as u32,
+        },
+    )
+    .await?;
+    ctx.submit(OP, enc).await?;
+    let got = Readback::new(ctx, &[(&out.buffer, out.bytes()), (&flags.buffer, 4)])
+        .await_all(ctx)
+        .await?;
+    check_flags(OP, u32::from_le_bytes(got[1][..4].try_into().unwrap()))?;
+    Tensor::from_bytes(p.dt, &out.shape, got[0].clone())
+}

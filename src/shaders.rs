@@ -1,0 +1,61 @@
+//! The WGSL sources, embedded at build time, and their assembly: an operator shader names the
+//! common files it needs with `//#include common/<file>.wgsl` lines, which are replaced by the
+//! file's text (each file at most once). Native and browser builds use the same sources.
+
+use crate::error::{Error, Result};
+
+/// Every shader file under `shaders/`, by path relative to that folder.
+pub const FILES: &[(&str, &str)] = &[
+    ("common/dtype.wgsl", include_str!("../shaders/common/dtype.wgsl")),
+    ("common/rowmath.wgsl", include_str!("../shaders/common/rowmath.wgsl")),
+    ("common/flags.wgsl", include_str!("../shaders/common/flags.wgsl")),
+    ("qsa_prepare.wgsl", include_str!("../shaders/qsa_prepare.wgsl")),
+    ("qsa_compress_paged.wgsl", include_str!("../shaders/qsa_compress_paged.wgsl")),
+    ("qsa_prepare_query.wgsl", include_str!("../shaders/qsa_prepare_query.wgsl")),
+];
+
+/// The operator shaders (files outside `common/`), by operator name.
+pub fn operators() -> impl Iterator<Item = &'static str> {
+    FILES
+        .iter()
+        .filter(|(p, _)| !p.starts_with("common/"))
+        .map(|(p, _)| p.trim_end_matches(".wgsl"))
+}
+
+fn file(path: &str) -> Option<&'static str> {
+    FILES.iter().find(|(p, _)| *p == path).map(|(_, s)| *s)
+}
+
+/// The final WGSL of operator shader `name` (without `.wgsl`), includes expanded.
+pub fn assemble(name: &str) -> Result<String> {
+    let top = format!("{name}.wgsl");
+    let src = file(&top).ok_or_else(|| Error::Shader {
+        name: name.to_string(),
+        msg: "no such shader file".into(),
+    })?;
+    let mut seen = Vec::new();
+    let mut out = String::new();
+    expand(name, src, &mut seen, &mut out)?;
+    Ok(out)
+}
+
+fn expand(name: &str, src: &str, seen: &mut Vec<String>, out: &mut String) -> Result<()> {
+    for line in src.lines() {
+        if let Some(path) = line.trim().strip_prefix("//#include ") {
+            let path = path.trim();
+            if seen.iter().any(|s| s == path) {
+                continue;
+            }
+            seen.push(path.to_string());
+            let inc = file(path).ok_or_else(|| Error::Shader {
+                name: name.to_string(),
+                msg: format!("include of unknown file `{path}`"),
+            })?;
+            expand(name, inc, seen, out)?;
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! Every shader is parsed, validated and translated to SPIR-V, MSL and HLSL by naga, with no
+//! GPU, for each storage type; every `<Op>Params` struct is checked against naga's layout of
+//! its WGSL twin. All failures are reported together, each with its shader's name.
+
+use qsa_wgpu::ops::{qsa_compress_paged, qsa_prepare, qsa_prepare_query};
+use qsa_wgpu::shaders;
+
+fn translate(name: &str, t_kind: u32) -> Result<(), String> {
+    let src = shaders::assemble(name).map_err(|e| e.to_string())?;
+    let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+        .validate(&module)
+        .map_err(|e| format!("validate: {e:?}"))?;
+    let mut consts = naga::back::PipelineConstants::default();
+    consts.insert("T_KIND".to_string(), t_kind as f64);
+    let ep = module.entry_points[0].name.clone();
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, &ep)), &consts)
+            .map_err(|e| format!("overrides: {e:?}"))?;
+    naga::back::spv::write_vec(
+        &module,
+        &info,
+        &naga::back::spv::Options::default(),
+        Some(&naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: ep.clone(),
+        }),
+    )
+    .map_err(|e| format!("spir-v: {e:?}"))?;
+    naga::back::msl::write_string(
+        &module,
+        &info,
+        &naga::back::msl::Options::default(),
+        &naga::back::msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, ep.clone())),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("msl: {e:?}"))?;
+    let mut hlsl = String::new();
+    let opts = naga::back::hlsl::Options::default();
+    let popts = naga::back::hlsl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, ep.clone())),
+    };
+    naga::back::hlsl::Writer::new(&mut hlsl, &opts, &popts)
+        .write(&module, &info, None)
+        .map_err(|e| format!("hlsl: {e:?}"))?;
+    Ok(())
+}
+
+#[test]
+fn every_shader_validates_and_translates() {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for name in shaders::operators() {
+        for kind in 0..3 {
+            count += 1;
+            if let Err(e) = translate(name, kind) {
+                failures.push(format!("{name} (T_KIND={kind}): {e}"));
+            }
+        }
+    }
+    assert!(count >= 9, "expected every operator shader, found {count}");
+    assert!(failures.is_empty(), "{} shader failures:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn every_shader_file_is_embedded() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let mut on_disk = Vec::new();
+    for sub in ["", "common/"] {
+        for e in std::fs::read_dir(dir.join(sub)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "wgsl") {
+                on_disk.push(format!("{sub}{}", p.file_name().unwrap().to_str().unwrap()));
+            }
+        }
+    }
+    for f in &on_disk {
+        assert!(shaders::FILES.iter().any(|(p, _)| p == f), "shaders/{f} is not in shaders::FILES");
+    }
+    assert_eq!(on_disk.len(), shaders::FILES.len());
+}
+
+/// Offsets of a WGSL struct's members as naga lays them out, and its size.
+fn wgsl_layout(shader: &str, ty: &str) -> (Vec<(String, u32)>, u32) {
+    let src = shaders::assemble(shader).unwrap();
+    let module = naga::front::wgsl::parse_str(&src).unwrap();
+    for (_, t) in module.types.iter() {
+        if t.name.as_deref() == Some(ty) {
+            if let naga::TypeInner::Struct { members, span } = &t.inner {
+                return (
+                    members.iter().map(|m| (m.name.clone().unwrap(), m.offset)).collect(),
+                    *span,
+                );
+            }
+        }
+    }
+    panic!("{shader}: no struct {ty}");
+}
+
+macro_rules! check_params {
+    ($shader:expr, $rust:ty, $wgsl:expr, [$($f:ident),* $(,)?]) => {{
+        let (members, span) = wgsl_layout($shader, $wgsl);
+        let rust: Vec<(String, u32)> =
+            vec![$((stringify!($f).to_string(), std::mem::offset_of!($rust, $f) as u32)),*];
+        assert_eq!(members, rust, "{}: field names/offsets of {} differ", $shader, $wgsl);
+        assert_eq!(span as usize, std::mem::size_of::<$rust>(), "{}: size of {}", $shader, $wgsl);
+    }};
+}
+
+#[test]
+fn params_structs_match_wgsl_layout() {
+    check_params!(
+        "qsa_prepare",
+        qsa_prepare::QsaPrepareParams,
+        "QsaPrepareParams",
+        [n, l, di, r, dr, bp, b_out, norm_on, eps, offset, cos_off, sin_off, prope_off, w_off, _pad0, _pad1]
+    );
+    check_params!(
+        "qsa_compress_paged",
+        qsa_compress_paged::QsaCompressParams,
+        "QsaCompressParams",
+        [n, di, dr, r, page_size, k_off, page_stride, num_pages, max_pages, max_blocks, freq_rows, span, norm_on, full, eps, offset]
+    );
+    check_params!(
+        "qsa_prepare_query",
+        qsa_prepare_query::QsaPrepareQueryParams,
+        "QsaPrepareQueryParams",
+        [t, hi, di, dr, rope_mode, norm_on, freq_rows, _pad0, eps, offset, _pad1, _pad2]
+    );
+}
