@@ -9,6 +9,7 @@ pub mod ops;
 pub mod paged;
 pub mod shaders;
 pub mod tensor;
+pub mod testing;
 
 pub use error::{Error, Result};
 pub use tensor::{DType, Tensor};

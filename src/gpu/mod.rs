@@ -43,31 +43,32 @@ pub struct Context {
 impl Context {
     /// Creates a context (async: the browser cannot block).
     pub async fn new(opts: &ContextOptions) -> Result<Arc<Context>> {
-        let backends = match &opts.backends {
-            Some(list) => {
+        // Without a choice, try the primary backends first, then GL (probing EGL is noisy
+        // and slower, so it is only reached when nothing else answers).
+        let tries: Vec<wgpu::Backends> = match (&opts.backends, wgpu::Backends::from_env()) {
+            (Some(list), _) => {
                 let b = wgpu::Backends::from_comma_list(list);
                 if b.is_empty() {
                     return Err(Error::Adapter(format!("unknown backend list `{list}`")));
                 }
-                b
+                vec![b]
             }
-            None => wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),
+            (None, Some(b)) => vec![b],
+            (None, None) => vec![wgpu::Backends::PRIMARY, wgpu::Backends::SECONDARY],
         };
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = backends;
-        desc.flags = wgpu::InstanceFlags::from_build_config().with_env();
-        desc.backend_options = wgpu::BackendOptions::from_env_or_default();
-        let instance = wgpu::Instance::new(desc);
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference: wgpu::PowerPreference::from_env()
-                    .unwrap_or(wgpu::PowerPreference::HighPerformance),
-                force_fallback_adapter: false,
-                compatible_surface: None,
-                apply_limit_buckets: false,
-            })
-            .await
-            .map_err(|e| Error::Adapter(format!("no adapter for backends {backends:?}: {e}")))?;
+        let mut found = None;
+        let mut errors = Vec::new();
+        for backends in tries {
+            match Self::adapter(backends).await {
+                Ok(x) => {
+                    found = Some(x);
+                    break;
+                }
+                Err(e) => errors.push(format!("{backends:?}: {e}")),
+            }
+        }
+        let (instance, adapter) =
+            found.ok_or_else(|| Error::Adapter(format!("no adapter found ({})", errors.join("; "))))?;
         let info = adapter.get_info();
         let available = adapter.features();
         let caps = Capabilities {
@@ -113,6 +114,24 @@ impl Context {
             cache: PipelineCache::default(),
             dummy,
         }))
+    }
+
+    async fn adapter(backends: wgpu::Backends) -> Result<(wgpu::Instance, wgpu::Adapter), wgpu::RequestAdapterError> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        desc.flags = wgpu::InstanceFlags::from_build_config().with_env();
+        desc.backend_options = wgpu::BackendOptions::from_env_or_default();
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::from_env()
+                    .unwrap_or(wgpu::PowerPreference::HighPerformance),
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            })
+            .await?;
+        Ok((instance, adapter))
     }
 
     /// Blocking wrapper of [`Context::new`] for native callers.

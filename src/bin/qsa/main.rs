@@ -1,1 +1,104 @@
-fn main(){}
+//! The `qsa` command line: `info` (adapter and limits), `run` (replay a case file), `demo`
+//! (the main job: a synthetic Qwen3.8-Flash-Next indexer layer checked against the CPU).
+
+mod demo;
+
+use clap::{Parser, Subcommand};
+use qsa_wgpu::case::{serialize, Case};
+use qsa_wgpu::gpu::{Context, ContextOptions};
+use qsa_wgpu::ops::{self, Exec};
+use qsa_wgpu::{Error, Result};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "qsa", version, about = "Sparse-attention indexers (QSA, DSA, NSA) on any GPU through wgpu")]
+struct Cli {
+    /// Backends to use: vulkan, gl, metal, dx12 (comma-separated); default: WGPU_BACKEND or all.
+    #[arg(long, global = true)]
+    backend: Option<String>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the adapter, backend, driver, features and the limits that matter.
+    Info,
+    /// Run one case file (SPEC §9) and write its outputs as safetensors.
+    Run {
+        /// The case file.
+        case: String,
+        /// Where to write the outputs.
+        #[arg(short, long)]
+        output: String,
+        /// Use the CPU reference instead of the GPU.
+        #[arg(long)]
+        cpu: bool,
+    },
+    /// The main job: a synthetic indexer layer, every step checked against the CPU (default).
+    Demo(demo::DemoArgs),
+}
+
+fn context(backend: &Option<String>) -> Result<std::sync::Arc<Context>> {
+    Context::new_blocking(&ContextOptions { backends: backend.clone() })
+}
+
+fn info(backend: &Option<String>) -> Result<()> {
+    let ctx = context(backend)?;
+    let i = &ctx.info;
+    println!("adapter      {}", i.name);
+    println!("backend      {:?}", i.backend);
+    println!("device type  {:?}", i.device_type);
+    println!("driver       {} {}", i.driver, i.driver_info);
+    println!(
+        "features     shader-f16 {}  subgroups {}  timestamps {}",
+        ctx.caps.shader_f16, ctx.caps.subgroups, ctx.caps.timestamps
+    );
+    let l = &ctx.limits;
+    println!("limits       max_storage_buffer_binding_size {}", l.max_storage_buffer_binding_size);
+    println!("             max_buffer_size {}", l.max_buffer_size);
+    println!("             max_storage_buffers_per_shader_stage {}", l.max_storage_buffers_per_shader_stage);
+    println!("             max_compute_workgroup_storage_size {}", l.max_compute_workgroup_storage_size);
+    println!("             max_compute_invocations_per_workgroup {}", l.max_compute_invocations_per_workgroup);
+    println!("             max_compute_workgroups_per_dimension {}", l.max_compute_workgroups_per_dimension);
+    println!("operators    {}", ops::NAMES.join(", "));
+    Ok(())
+}
+
+fn run_case(backend: &Option<String>, case: &str, output: &str, cpu: bool) -> Result<()> {
+    let c = Case::read(case)?;
+    let ctx = if cpu { None } else { Some(context(backend)?) };
+    let exec = match &ctx {
+        Some(ctx) => Exec::Gpu(ctx),
+        None => Exec::Cpu,
+    };
+    let out = ops::run_blocking(&c.op, &c.inputs, &c.attrs, exec)?;
+    let bytes = serialize(&out, None)?;
+    // Write beside the target, then rename: a failed write leaves no partial output file.
+    let tmp = format!("{output}.partial");
+    std::fs::write(&tmp, &bytes).map_err(|source| Error::Io { path: tmp.clone(), source })?;
+    std::fs::rename(&tmp, output).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::Io { path: output.to_string(), source }
+    })?;
+    eprintln!("{}: wrote {} tensors to {output}", c.op, out.len());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Some(Cmd::Info) => info(&cli.backend),
+        Some(Cmd::Run { case, output, cpu }) => run_case(&cli.backend, &case, &output, cpu),
+        Some(Cmd::Demo(args)) => demo::run(&cli.backend, &args),
+        None => demo::run(&cli.backend, &demo::DemoArgs::default()),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("qsa: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

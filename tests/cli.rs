@@ -1,0 +1,109 @@
+//! `qsa run` on case files: GPU and CPU outputs agree, and a bad case exits non-zero with a
+//! message on stderr and writes no output file.
+
+use qsa_wgpu::case::{read_tensors, Case};
+use qsa_wgpu::ops::{AttrMap, TensorMap};
+use qsa_wgpu::testing::{compare, transform_tol, Rng};
+use qsa_wgpu::{DType, Tensor};
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qsa-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn qsa(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_qsa")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn prepare_case(dt: DType) -> Case {
+    let mut rng = Rng::new(4);
+    let mut m = TensorMap::new();
+    m.insert("raw_index_keys".into(), rng.tensor(dt, &[2, 9, 40]));
+    m.insert("past_block_index_keys".into(), rng.tensor(dt, &[2, 3, 40]));
+    m.insert("key_length".into(), Tensor::from_i32(&[2], &[13, 21]));
+    m.insert("rope_cos".into(), rng.tensor(dt, &[2, 9, 16]));
+    m.insert("rope_sin".into(), rng.tensor(dt, &[2, 9, 16]));
+    m.insert("k_norm_weight".into(), rng.tensor(dt, &[40]));
+    m.insert("past_incomplete_raw_keys".into(), rng.tensor(dt, &[2, 3, 40]));
+    m.insert("past_incomplete_rope".into(), rng.tensor(dt, &[2, 32]));
+    let attrs = AttrMap::from([
+        ("key_block_size".to_string(), json!(4)),
+        ("epsilon".to_string(), json!(1e-6)),
+        ("norm_weight_offset".to_string(), json!(1)),
+    ]);
+    Case { op: "qsa_prepare".into(), attrs, inputs: m }
+}
+
+#[test]
+fn run_case_gpu_and_cpu_agree() {
+    for dt in [DType::F32, DType::BF16] {
+        let case = tmp(&format!("prepare-{dt}.safetensors"));
+        std::fs::write(&case, prepare_case(dt).to_bytes().unwrap()).unwrap();
+        let (g, c) = (tmp(&format!("gpu-{dt}.safetensors")), tmp(&format!("cpu-{dt}.safetensors")));
+        let (ok, err) = qsa(&["run", case.to_str().unwrap(), "-o", g.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        let (ok, err) = qsa(&["run", case.to_str().unwrap(), "-o", c.to_str().unwrap(), "--cpu"]);
+        assert!(ok, "{err}");
+        let g = read_tensors(&std::fs::read(g).unwrap()).unwrap();
+        let c = read_tensors(&std::fs::read(c).unwrap()).unwrap();
+        let names: Vec<&String> = g.keys().collect();
+        assert_eq!(names, ["block_index_keys", "incomplete_raw_keys", "incomplete_rope"]);
+        assert_eq!(g["block_index_keys"].shape, vec![2, 5, 40]);
+        for k in g.keys() {
+            compare(&g[k], &c[k], transform_tol(dt)).unwrap_or_else(|e| panic!("{k}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn bad_cases_write_nothing() {
+    let out = tmp("never.safetensors");
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = Vec::new();
+    let mut c = prepare_case(DType::F32);
+    c.op = "qsa_unknown".into();
+    cases.push(("unknown op", c.to_bytes().unwrap(), "qsa_unknown"));
+    let mut c = prepare_case(DType::F32);
+    c.attrs.remove("key_block_size");
+    cases.push(("missing attribute", c.to_bytes().unwrap(), "key_block_size"));
+    let mut c = prepare_case(DType::F32);
+    c.inputs.insert("key_length".into(), Tensor::from_i32(&[2], &[1, 21]));
+    cases.push(("bad value", c.to_bytes().unwrap(), "key_length"));
+    cases.push(("not safetensors", b"hello world, not a case".to_vec(), "safetensors"));
+    let no_op = qsa_wgpu::case::serialize(&prepare_case(DType::F32).inputs, None).unwrap();
+    cases.push(("no op", no_op, "op"));
+    let mut md = std::collections::HashMap::new();
+    md.insert("op".to_string(), "qsa_prepare".to_string());
+    md.insert("key_block_size".to_string(), "four".to_string());
+    let bad_json = qsa_wgpu::case::serialize(&prepare_case(DType::F32).inputs, Some(md)).unwrap();
+    cases.push(("attribute not JSON", bad_json, "key_block_size"));
+    for (what, bytes, needle) in cases {
+        let case = tmp("bad.safetensors");
+        std::fs::write(&case, bytes).unwrap();
+        for cpu in [false, true] {
+            let _ = std::fs::remove_file(&out);
+            let mut args = vec!["run", case.to_str().unwrap(), "-o", out.to_str().unwrap()];
+            if cpu {
+                args.push("--cpu");
+            }
+            let (ok, err) = qsa(&args);
+            assert!(!ok, "{what}: must fail");
+            assert!(err.contains(needle), "{what}: stderr {err:?} should mention {needle:?}");
+            assert!(!out.exists(), "{what}: an output file was written");
+        }
+    }
+    let (ok, err) = qsa(&["run", "/nonexistent/case.safetensors", "-o", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("/nonexistent/case.safetensors") && !out.exists());
+}
+
+#[test]
+fn info_lists_adapter_and_limits() {
+    let out = Command::new(env!("CARGO_BIN_EXE_qsa")).arg("info").output().unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("adapter") && s.contains("max_storage_buffer_binding_size") && s.contains("qsa_prepare"), "{s}");
+}

@@ -1,0 +1,69 @@
+//! qsa_prepare_query: GPU against the CPU reference, both rope sources, norm on and off.
+
+mod util;
+
+use qsa_wgpu::ops::qsa_prepare_query::{cpu, gpu, QsaPrepareQueryAttrs, QsaPrepareQueryInputs};
+use qsa_wgpu::testing::{compare, transform_tol, Rng};
+use qsa_wgpu::{DType, Tensor};
+
+#[test]
+fn gpu_matches_cpu() {
+    let ctx = util::ctx();
+    let mut rng = Rng::new(7);
+    let mut cases = 0;
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for (di, dr) in [(40, 0), (72, 24), (128, 64)] {
+            for t in [1, 3, 17, 130] {
+                for rope in 0..3 {
+                    if dr == 0 && rope > 0 {
+                        continue;
+                    }
+                    let hi = 1 + rng.below(4);
+                    let q = rng.tensor(dt, &[t, hi, di]);
+                    let w = (rng.below(3) != 0).then(|| rng.tensor(dt, &[di]));
+                    let cos = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
+                    let sin = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
+                    let rows = 200;
+                    let freqs = (rope == 2).then(|| rng.tensor(dt, &[rows, dr]));
+                    let pos = (rope == 2).then(|| Tensor::from_i32(&[t], &(0..t).map(|_| rng.below(rows) as i32).collect::<Vec<_>>()));
+                    let x = QsaPrepareQueryInputs {
+                        index_query_raw: &q,
+                        q_norm_weight: w.as_ref(),
+                        rope_cos: cos.as_ref(),
+                        rope_sin: sin.as_ref(),
+                        freqs_cis: freqs.as_ref(),
+                        positions: pos.as_ref(),
+                    };
+                    let a = QsaPrepareQueryAttrs { epsilon: 1e-6, norm_weight_offset: rng.below(2) as f32, rotary_dim: None };
+                    let want = cpu(&x, &a).unwrap();
+                    let got = pollster::block_on(gpu(&ctx, &x, &a)).unwrap();
+                    compare(&got, &want, transform_tol(dt)).unwrap_or_else(|e| panic!("{dt} di={di} dr={dr} t={t} rope={rope}: {e}"));
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 84);
+}
+
+#[test]
+fn norm_and_rope_by_hand() {
+    // Di = 4, Dr = 2: y = x / rms · w, then (y0, y1) rotated by (cos, sin) of channel 0 / 1.
+    let q = Tensor::from_f32(DType::F32, &[1, 1, 4], &[1.0, 2.0, 3.0, 4.0]);
+    let w = Tensor::from_f32(DType::F32, &[4], &[1.0, 1.0, 2.0, 0.5]);
+    let c = Tensor::from_f32(DType::F32, &[1, 2], &[0.0, 0.5]);
+    let s = Tensor::from_f32(DType::F32, &[1, 2], &[1.0, 0.25]);
+    let x = QsaPrepareQueryInputs { index_query_raw: &q, q_norm_weight: Some(&w), rope_cos: Some(&c), rope_sin: Some(&s), freqs_cis: None, positions: None };
+    let a = QsaPrepareQueryAttrs { epsilon: 0.0, norm_weight_offset: 0.0, rotary_dim: None };
+    let got = cpu(&x, &a).unwrap().to_f32();
+    let rms = (30.0f32 / 4.0).sqrt();
+    let y = [1.0 / rms, 2.0 / rms, 6.0 / rms, 2.0 / rms];
+    let want = [y[0] * 0.0 - y[1] * 1.0, y[1] * 0.5 + y[0] * 0.25, y[2], y[3]];
+    for i in 0..4 {
+        assert!((got[i] - want[i]).abs() < 1e-6, "channel {i}: {} vs {}", got[i], want[i]);
+    }
+    let gpu_out = pollster::block_on(gpu(&util::ctx(), &x, &a)).unwrap().to_f32();
+    for i in 0..4 {
+        assert!((gpu_out[i] - want[i]).abs() < 1e-5, "gpu channel {i}: {} vs {}", gpu_out[i], want[i]);
+    }
+}
