@@ -63,7 +63,9 @@ impl Case {
                 continue;
             }
             let val: serde_json::Value = serde_json::from_str(v).map_err(|e| {
-                Error::Case(format!("attribute `{k}`: value {v:?} is not JSON text: {e}"))
+                Error::Case(format!(
+                    "attribute `{k}`: value {v:?} is not JSON text: {e}"
+                ))
             })?;
             attrs.insert(k.clone(), val);
         }
@@ -97,7 +99,10 @@ impl Case {
 }
 
 /// Serializes named tensors as safetensors bytes.
-pub fn serialize(tensors: &TensorMap, metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+pub fn serialize(
+    tensors: &TensorMap,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<Vec<u8>> {
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
         .map(|(k, t)| {
@@ -111,11 +116,15 @@ pub fn serialize(tensors: &TensorMap, metadata: Option<HashMap<String, String>>)
 
 /// Reads an output (or any) safetensors file into named tensors.
 pub fn read_tensors(bytes: &[u8]) -> Result<TensorMap> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
     let mut m = TensorMap::new();
     for (name, view) in st.tensors() {
         let dt = dtype_from(view.dtype(), &name)?;
-        m.insert(name, Tensor::from_bytes(dt, view.shape(), view.data().to_vec())?);
+        m.insert(
+            name,
+            Tensor::from_bytes(dt, view.shape(), view.data().to_vec())?,
+        );
     }
     Ok(m)
 }

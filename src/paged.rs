@@ -20,7 +20,13 @@ pub struct PoolLayout {
 
 impl PoolLayout {
     /// A packed layout.
-    pub fn packed(num_pages: usize, num_layers: usize, page_size: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+    pub fn packed(
+        num_pages: usize,
+        num_layers: usize,
+        page_size: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
         let mut l = PoolLayout {
             num_pages,
             num_layers,
@@ -39,9 +45,18 @@ impl PoolLayout {
     }
 
     /// Element offset of (page, plane, layer, row, head, channel 0).
-    pub fn offset(&self, page: usize, plane: usize, layer: usize, row: usize, head: usize) -> usize {
+    pub fn offset(
+        &self,
+        page: usize,
+        plane: usize,
+        layer: usize,
+        row: usize,
+        head: usize,
+    ) -> usize {
         page * self.page_stride
-            + (((plane * self.num_layers + layer) * self.page_size + row) * self.num_kv_heads + head) * self.head_dim
+            + (((plane * self.num_layers + layer) * self.page_size + row) * self.num_kv_heads
+                + head)
+                * self.head_dim
     }
 
     /// Elements a tensor must hold for this layout.
@@ -58,7 +73,13 @@ impl PoolLayout {
     /// single-head indexer pool). With a `page_stride` larger than the packed page, the
     /// tensor's elements are read as consecutive pages of that stride, and `num_pages` is the
     /// number of whole pages they hold.
-    pub fn from_tensor(op: &'static str, name: &str, t: &Tensor, page_stride: Option<i64>, heads_optional: bool) -> Result<Self> {
+    pub fn from_tensor(
+        op: &'static str,
+        name: &str,
+        t: &Tensor,
+        page_stride: Option<i64>,
+        heads_optional: bool,
+    ) -> Result<Self> {
         let s = &t.shape;
         let (np, two, layers, ps, heads, hd) = match s.len() {
             6 => (s[0], s[1], s[2], s[3], s[4], s[5]),
@@ -74,10 +95,18 @@ impl PoolLayout {
             }
         };
         if two != 2 {
-            return Err(Error::input(op, name, format!("axis 1 must be 2 (K, V planes), got {two}")));
+            return Err(Error::input(
+                op,
+                name,
+                format!("axis 1 must be 2 (K, V planes), got {two}"),
+            ));
         }
         if layers == 0 || ps == 0 || heads == 0 || hd == 0 {
-            return Err(Error::input(op, name, format!("zero-sized axis in pool shape {s:?}")));
+            return Err(Error::input(
+                op,
+                name,
+                format!("zero-sized axis in pool shape {s:?}"),
+            ));
         }
         let mut l = PoolLayout::packed(np, layers, ps, heads, hd);
         if let Some(stride) = page_stride {
@@ -85,7 +114,10 @@ impl PoolLayout {
                 return Err(Error::input(
                     op,
                     name,
-                    format!("page_stride {stride} is smaller than a packed page of {} elements", l.page_elems()),
+                    format!(
+                        "page_stride {stride} is smaller than a packed page of {} elements",
+                        l.page_elems()
+                    ),
                 ));
             }
             l.page_stride = stride as usize;
@@ -100,7 +132,10 @@ impl PoolLayout {
             return Err(Error::input(
                 op,
                 name,
-                format!("pool of {} elements is too small for its layout {l:?}", t.numel()),
+                format!(
+                    "pool of {} elements is too small for its layout {l:?}",
+                    t.numel()
+                ),
             ));
         }
         Ok(l)
@@ -185,12 +220,20 @@ impl PagedPool {
     /// Makes sure `seq` has pages for `len` tokens.
     pub fn reserve(&mut self, seq: usize, len: usize) -> Result<()> {
         let need = len.div_ceil(self.layout.page_size);
-        let table = self.tables[seq]
-            .as_mut()
-            .ok_or_else(|| Error::input("paged_pool", "sequence", format!("sequence {seq} was freed")))?;
+        let table = self.tables[seq].as_mut().ok_or_else(|| {
+            Error::input(
+                "paged_pool",
+                "sequence",
+                format!("sequence {seq} was freed"),
+            )
+        })?;
         while table.len() < need {
             let page = self.free.pop().ok_or_else(|| {
-                Error::input("paged_pool", "pages", format!("out of pages (pool has {})", self.layout.num_pages))
+                Error::input(
+                    "paged_pool",
+                    "pages",
+                    format!("out of pages (pool has {})", self.layout.num_pages),
+                )
             })?;
             table.push(page);
         }
@@ -201,7 +244,13 @@ impl PagedPool {
     pub fn page_table(&self, seqs: &[usize], max_pages: usize, fill: u32) -> Tensor {
         let mut v = vec![fill; seqs.len() * max_pages];
         for (i, &s) in seqs.iter().enumerate() {
-            for (j, &p) in self.tables[s].as_ref().unwrap().iter().enumerate().take(max_pages) {
+            for (j, &p) in self.tables[s]
+                .as_ref()
+                .unwrap()
+                .iter()
+                .enumerate()
+                .take(max_pages)
+            {
                 v[i * max_pages + j] = p;
             }
         }
@@ -213,7 +262,14 @@ impl PagedPool {
     pub fn tensor(&self) -> Tensor {
         let l = self.layout;
         let mut t = self.data.clone();
-        t.shape = vec![l.num_pages, 2, l.num_layers, l.page_size, l.num_kv_heads, l.head_dim];
+        t.shape = vec![
+            l.num_pages,
+            2,
+            l.num_layers,
+            l.page_size,
+            l.num_kv_heads,
+            l.head_dim,
+        ];
         t
     }
 }

@@ -6,12 +6,30 @@ use crate::error::{Error, Result};
 
 /// Every shader file under `shaders/`, by path relative to that folder.
 pub const FILES: &[(&str, &str)] = &[
-    ("common/dtype.wgsl", include_str!("../shaders/common/dtype.wgsl")),
-    ("common/rowmath.wgsl", include_str!("../shaders/common/rowmath.wgsl")),
-    ("common/flags.wgsl", include_str!("../shaders/common/flags.wgsl")),
-    ("qsa_prepare.wgsl", include_str!("../shaders/qsa_prepare.wgsl")),
-    ("qsa_compress_paged.wgsl", include_str!("../shaders/qsa_compress_paged.wgsl")),
-    ("qsa_prepare_query.wgsl", include_str!("../shaders/qsa_prepare_query.wgsl")),
+    (
+        "common/dtype.wgsl",
+        include_str!("../shaders/common/dtype.wgsl"),
+    ),
+    (
+        "common/rowmath.wgsl",
+        include_str!("../shaders/common/rowmath.wgsl"),
+    ),
+    (
+        "common/flags.wgsl",
+        include_str!("../shaders/common/flags.wgsl"),
+    ),
+    (
+        "qsa_prepare.wgsl",
+        include_str!("../shaders/qsa_prepare.wgsl"),
+    ),
+    (
+        "qsa_compress_paged.wgsl",
+        include_str!("../shaders/qsa_compress_paged.wgsl"),
+    ),
+    (
+        "qsa_prepare_query.wgsl",
+        include_str!("../shaders/qsa_prepare_query.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

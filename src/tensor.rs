@@ -115,7 +115,11 @@ impl Tensor {
 
     /// Rounds f32 values (nearest-even) into a float tensor of `dtype`.
     pub fn from_f32(dtype: DType, shape: &[usize], values: &[f32]) -> Tensor {
-        assert_eq!(values.len(), shape.iter().product::<usize>(), "shape/value count");
+        assert_eq!(
+            values.len(),
+            shape.iter().product::<usize>(),
+            "shape/value count"
+        );
         let data = match dtype {
             DType::F32 => bytemuck::cast_slice(values).to_vec(),
             DType::F16 => values
@@ -126,8 +130,14 @@ impl Tensor {
                 .iter()
                 .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
                 .collect(),
-            DType::I32 => values.iter().flat_map(|v| (*v as i32).to_le_bytes()).collect(),
-            DType::U32 => values.iter().flat_map(|v| (*v as u32).to_le_bytes()).collect(),
+            DType::I32 => values
+                .iter()
+                .flat_map(|v| (*v as i32).to_le_bytes())
+                .collect(),
+            DType::U32 => values
+                .iter()
+                .flat_map(|v| (*v as u32).to_le_bytes())
+                .collect(),
         };
         Tensor {
             dtype,
@@ -138,7 +148,11 @@ impl Tensor {
 
     /// An i32 tensor.
     pub fn from_i32(shape: &[usize], values: &[i32]) -> Tensor {
-        assert_eq!(values.len(), shape.iter().product::<usize>(), "shape/value count");
+        assert_eq!(
+            values.len(),
+            shape.iter().product::<usize>(),
+            "shape/value count"
+        );
         Tensor {
             dtype: DType::I32,
             shape: shape.to_vec(),
@@ -148,7 +162,11 @@ impl Tensor {
 
     /// A u32 tensor.
     pub fn from_u32(shape: &[usize], values: &[u32]) -> Tensor {
-        assert_eq!(values.len(), shape.iter().product::<usize>(), "shape/value count");
+        assert_eq!(
+            values.len(),
+            shape.iter().product::<usize>(),
+            "shape/value count"
+        );
         Tensor {
             dtype: DType::U32,
             shape: shape.to_vec(),

@@ -85,7 +85,11 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: Tol) -> Result<(), String> {
         ));
     }
     let (g, w) = (got.to_f32(), want.to_f32());
-    let tol = if got.dtype.is_float() { tol } else { Tol { abs: 0.0, rel: 0.0 } };
+    let tol = if got.dtype.is_float() {
+        tol
+    } else {
+        Tol { abs: 0.0, rel: 0.0 }
+    };
     let mut failing = 0;
     let mut worst = (0usize, -1.0f32);
     for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
@@ -98,7 +102,11 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: Tol) -> Result<(), String> {
         };
         if !ok {
             failing += 1;
-            let err = if (a - b).is_nan() { f32::INFINITY } else { (a - b).abs() };
+            let err = if (a - b).is_nan() {
+                f32::INFINITY
+            } else {
+                (a - b).abs()
+            };
             if err > worst.1 {
                 worst = (i, err);
             }
@@ -121,9 +129,18 @@ pub fn compare(got: &Tensor, want: &Tensor, tol: Tol) -> Result<(), String> {
 /// place of the type, plus f32 noise.
 pub fn transform_tol(dtype: DType) -> Tol {
     match dtype {
-        DType::F32 => Tol { abs: 2e-5, rel: 2e-5 },
-        DType::F16 => Tol { abs: 2e-3, rel: 1.5e-3 },
-        DType::BF16 => Tol { abs: 1.6e-2, rel: 1.2e-2 },
+        DType::F32 => Tol {
+            abs: 2e-5,
+            rel: 2e-5,
+        },
+        DType::F16 => Tol {
+            abs: 2e-3,
+            rel: 1.5e-3,
+        },
+        DType::BF16 => Tol {
+            abs: 1.6e-2,
+            rel: 1.2e-2,
+        },
         _ => Tol { abs: 0.0, rel: 0.0 },
     }
 }

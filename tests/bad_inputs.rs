@@ -7,6 +7,9 @@ use qsa_wgpu::ops::{run_blocking, AttrMap, Exec, TensorMap};
 use qsa_wgpu::{DType, Tensor};
 use serde_json::json;
 
+/// One change that makes a valid call invalid.
+type Edit = Box<dyn Fn(&mut TensorMap, &mut AttrMap)>;
+
 fn f(shape: &[usize]) -> Tensor {
     Tensor::zeros(DType::F32, shape)
 }
@@ -35,7 +38,13 @@ fn compress() -> (TensorMap, AttrMap) {
     m.insert("gamma".into(), f(&[8]));
     m.insert("freqs_cis".into(), f(&[8, 4]));
     m.insert("block_keys".into(), f(&[2, 8]));
-    (m, AttrMap::from([("ratio".to_string(), json!(4)), ("rotary_dim".to_string(), json!(4))]))
+    (
+        m,
+        AttrMap::from([
+            ("ratio".to_string(), json!(4)),
+            ("rotary_dim".to_string(), json!(4)),
+        ]),
+    )
 }
 
 /// A valid qsa_prepare_query call.
@@ -52,7 +61,9 @@ fn query() -> (TensorMap, AttrMap) {
 fn expect_err(op: &str, m: &TensorMap, a: &AttrMap, needles: &[&str]) {
     let ctx = util::ctx();
     for exec in [Exec::Cpu, Exec::Gpu(&ctx)] {
-        let e = run_blocking(op, m, a, exec).expect_err("bad input must be rejected").to_string();
+        let e = run_blocking(op, m, a, exec)
+            .expect_err("bad input must be rejected")
+            .to_string();
         for n in needles {
             assert!(e.contains(n), "error {e:?} should mention {n:?}");
         }
@@ -63,7 +74,11 @@ fn expect_err(op: &str, m: &TensorMap, a: &AttrMap, needles: &[&str]) {
 #[test]
 fn valid_calls_pass() {
     let ctx = util::ctx();
-    for (op, (m, a)) in [("qsa_prepare", prepare()), ("qsa_compress_paged", compress()), ("qsa_prepare_query", query())] {
+    for (op, (m, a)) in [
+        ("qsa_prepare", prepare()),
+        ("qsa_compress_paged", compress()),
+        ("qsa_prepare_query", query()),
+    ] {
         run_blocking(op, &m, &a, Exec::Cpu).unwrap();
         run_blocking(op, &m, &a, Exec::Gpu(&ctx)).unwrap();
     }
@@ -72,30 +87,154 @@ fn valid_calls_pass() {
 #[test]
 fn qsa_prepare_rules() {
     let op = "qsa_prepare";
-    let cases: Vec<(Box<dyn Fn(&mut TensorMap, &mut AttrMap)>, Vec<&str>)> = vec![
-        (Box::new(|m, _| { m.remove("raw_index_keys"); }), vec!["raw_index_keys", "missing"]),
-        (Box::new(|m, _| { m.remove("past_incomplete_raw_keys"); }), vec!["past_incomplete_raw_keys"]),
-        (Box::new(|_, a| { a.remove("key_block_size"); }), vec!["key_block_size", "missing"]),
-        (Box::new(|_, a| { a.insert("key_block_size".into(), json!(1)); }), vec!["key_block_size", "1"]),
-        (Box::new(|_, a| { a.insert("epsilon".into(), json!(-1.0)); }), vec!["epsilon", "-1"]),
-        (Box::new(|_, a| { a.insert("epsilon".into(), json!("x")); }), vec!["epsilon"]),
-        (Box::new(|m, _| { m.insert("raw_index_keys".into(), f(&[2, 3])); }), vec!["raw_index_keys", "rank"]),
-        (Box::new(|m, _| { m.insert("raw_index_keys".into(), Tensor::zeros(DType::I32, &[2, 3, 8])); }), vec!["raw_index_keys", "i32"]),
-        (Box::new(|m, _| { m.insert("past_block_index_keys".into(), Tensor::zeros(DType::F16, &[2, 1, 8])); }), vec!["past_block_index_keys", "f16"]),
-        (Box::new(|m, _| { m.insert("past_block_index_keys".into(), f(&[2, 1, 9])); }), vec!["past_block_index_keys", "9"]),
-        (Box::new(|m, _| { m.insert("key_length".into(), Tensor::from_i32(&[2], &[7, 2])); }), vec!["key_length", "2"]),
-        (Box::new(|m, _| { m.insert("key_length".into(), Tensor::from_i32(&[3], &[7, 7, 7])); }), vec!["key_length", "[3]"]),
-        (Box::new(|m, _| { m.insert("key_length".into(), f(&[2])); }), vec!["key_length", "f32"]),
-        (Box::new(|m, _| { m.insert("key_length".into(), Tensor::from_i32(&[2], &[7, 12])); }), vec!["past_block_index_keys", "Bp = 1"]),
-        (Box::new(|m, _| { m.remove("rope_sin"); }), vec!["rope_sin"]),
-        (Box::new(|m, _| { m.insert("rope_cos".into(), f(&[2, 3, 3])); m.insert("rope_sin".into(), f(&[2, 3, 3])); }), vec!["rope_cos", "3"]),
-        (Box::new(|m, _| { m.insert("rope_cos".into(), f(&[2, 3, 10])); m.insert("rope_sin".into(), f(&[2, 3, 10])); }), vec!["rope_cos", "10"]),
-        (Box::new(|m, _| { m.insert("rope_sin".into(), f(&[2, 3, 2])); }), vec!["rope_sin"]),
-        (Box::new(|m, _| { m.remove("past_incomplete_rope"); }), vec!["past_incomplete_rope"]),
-        (Box::new(|m, _| { m.remove("rope_cos"); m.remove("rope_sin"); }), vec!["past_incomplete_rope"]),
-        (Box::new(|m, _| { m.insert("past_incomplete_rope".into(), f(&[2, 4])); }), vec!["past_incomplete_rope", "[2, 4]"]),
-        (Box::new(|m, _| { m.insert("k_norm_weight".into(), f(&[7])); }), vec!["k_norm_weight", "[7]"]),
-        (Box::new(|m, _| { m.insert("past_incomplete_raw_keys".into(), f(&[2, 4, 8])); }), vec!["past_incomplete_raw_keys", "[2, 4, 8]"]),
+    let cases: Vec<(Edit, Vec<&str>)> = vec![
+        (
+            Box::new(|m, _| {
+                m.remove("raw_index_keys");
+            }),
+            vec!["raw_index_keys", "missing"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("past_incomplete_raw_keys");
+            }),
+            vec!["past_incomplete_raw_keys"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.remove("key_block_size");
+            }),
+            vec!["key_block_size", "missing"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("key_block_size".into(), json!(1));
+            }),
+            vec!["key_block_size", "1"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("epsilon".into(), json!(-1.0));
+            }),
+            vec!["epsilon", "-1"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("epsilon".into(), json!("x"));
+            }),
+            vec!["epsilon"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("raw_index_keys".into(), f(&[2, 3]));
+            }),
+            vec!["raw_index_keys", "rank"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "raw_index_keys".into(),
+                    Tensor::zeros(DType::I32, &[2, 3, 8]),
+                );
+            }),
+            vec!["raw_index_keys", "i32"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "past_block_index_keys".into(),
+                    Tensor::zeros(DType::F16, &[2, 1, 8]),
+                );
+            }),
+            vec!["past_block_index_keys", "f16"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("past_block_index_keys".into(), f(&[2, 1, 9]));
+            }),
+            vec!["past_block_index_keys", "9"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("key_length".into(), Tensor::from_i32(&[2], &[7, 2]));
+            }),
+            vec!["key_length", "2"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("key_length".into(), Tensor::from_i32(&[3], &[7, 7, 7]));
+            }),
+            vec!["key_length", "[3]"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("key_length".into(), f(&[2]));
+            }),
+            vec!["key_length", "f32"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("key_length".into(), Tensor::from_i32(&[2], &[7, 12]));
+            }),
+            vec!["past_block_index_keys", "Bp = 1"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("rope_sin");
+            }),
+            vec!["rope_sin"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("rope_cos".into(), f(&[2, 3, 3]));
+                m.insert("rope_sin".into(), f(&[2, 3, 3]));
+            }),
+            vec!["rope_cos", "3"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("rope_cos".into(), f(&[2, 3, 10]));
+                m.insert("rope_sin".into(), f(&[2, 3, 10]));
+            }),
+            vec!["rope_cos", "10"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("rope_sin".into(), f(&[2, 3, 2]));
+            }),
+            vec!["rope_sin"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("past_incomplete_rope");
+            }),
+            vec!["past_incomplete_rope"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("rope_cos");
+                m.remove("rope_sin");
+            }),
+            vec!["past_incomplete_rope"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("past_incomplete_rope".into(), f(&[2, 4]));
+            }),
+            vec!["past_incomplete_rope", "[2, 4]"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("k_norm_weight".into(), f(&[7]));
+            }),
+            vec!["k_norm_weight", "[7]"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("past_incomplete_raw_keys".into(), f(&[2, 4, 8]));
+            }),
+            vec!["past_incomplete_raw_keys", "[2, 4, 8]"],
+        ),
     ];
     for (i, (edit, needles)) in cases.iter().enumerate() {
         let (mut m, mut a) = prepare();
@@ -108,26 +247,129 @@ fn qsa_prepare_rules() {
 #[test]
 fn qsa_compress_paged_rules() {
     let op = "qsa_compress_paged";
-    let cases: Vec<(Box<dyn Fn(&mut TensorMap, &mut AttrMap)>, Vec<&str>)> = vec![
-        (Box::new(|m, _| { m.insert("key_counts".into(), Tensor::from_i32(&[1], &[3])); m.insert("cache_lengths".into(), Tensor::from_u32(&[1], &[4])); }), vec!["key_counts", "3 < cache_lengths 4"]),
-        (Box::new(|m, _| { m.insert("key_counts".into(), Tensor::from_i32(&[1], &[12])); }), vec!["key_counts", "3 blocks"]),
-        (Box::new(|m, _| { m.insert("page_table".into(), Tensor::from_u32(&[1, 2], &[1, 2])); }), vec!["page_table", "page 2 >= num_pages 2"]),
-        (Box::new(|m, _| { m.insert("page_table".into(), Tensor::from_u32(&[1, 1], &[1])); }), vec!["page_table", "column 1"]),
-        (Box::new(|m, _| { m.insert("freqs_cis".into(), f(&[4, 4])); }), vec!["freqs_cis", "position 4"]),
-        (Box::new(|_, a| { a.insert("page_stride".into(), json!(1000)); }), vec!["page_table", "page 1 >= num_pages 1"]),
-        (Box::new(|m, _| { m.insert("kv_blocks".into(), f(&[0, 2, 1, 4, 1, 8])); }), vec!["kv_blocks", "too small"]),
-        (Box::new(|_, a| { a.insert("page_stride".into(), json!(10)); }), vec!["kv_blocks", "page_stride 10"]),
-        (Box::new(|m, _| { m.insert("kv_blocks".into(), f(&[2, 2, 1, 4, 8])); m.insert("block_keys".into(), f(&[2, 7])); }), vec!["block_keys", "7"]),
-        (Box::new(|m, _| { m.insert("kv_blocks".into(), f(&[2, 3, 1, 4, 1, 8])); }), vec!["kv_blocks", "axis 1"]),
-        (Box::new(|m, _| { m.insert("kv_blocks".into(), f(&[2, 2, 1, 4, 2, 8])); }), vec!["kv_blocks", "one KV head"]),
-        (Box::new(|_, a| { a.insert("layer_idx".into(), json!(1)); }), vec!["layer_idx", "1 >= num_layers 1"]),
-        (Box::new(|m, _| { m.insert("block_keys".into(), f(&[3, 8])); m.insert("key_counts".into(), Tensor::from_i32(&[2], &[0, 0])); m.insert("cache_lengths".into(), Tensor::from_u32(&[2], &[0, 0])); m.insert("page_table".into(), Tensor::from_u32(&[2, 2], &[0, 0, 0, 0])); }), vec!["block_keys", "3 rows"]),
-        (Box::new(|m, _| { m.insert("cache_lengths".into(), Tensor::from_i32(&[1], &[-1])); }), vec!["cache_lengths", "-1"]),
-        (Box::new(|_, a| { a.insert("ratio".into(), json!(1)); }), vec!["ratio", "1"]),
-        (Box::new(|_, a| { a.insert("mode".into(), json!("sometimes")); }), vec!["mode", "sometimes"]),
-        (Box::new(|_, a| { a.insert("rotary_dim".into(), json!(6)); }), vec!["freqs_cis", "rotary_dim is 6"]),
-        (Box::new(|m, _| { m.insert("gamma".into(), f(&[4])); }), vec!["gamma", "[4]"]),
-        (Box::new(|m, _| { m.insert("key_counts".into(), Tensor::from_i32(&[2], &[8, 8])); }), vec!["key_counts", "[1]"]),
+    let cases: Vec<(Edit, Vec<&str>)> = vec![
+        (
+            Box::new(|m, _| {
+                m.insert("key_counts".into(), Tensor::from_i32(&[1], &[3]));
+                m.insert("cache_lengths".into(), Tensor::from_u32(&[1], &[4]));
+            }),
+            vec!["key_counts", "3 < cache_lengths 4"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("key_counts".into(), Tensor::from_i32(&[1], &[12]));
+            }),
+            vec!["key_counts", "3 blocks"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("page_table".into(), Tensor::from_u32(&[1, 2], &[1, 2]));
+            }),
+            vec!["page_table", "page 2 >= num_pages 2"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("page_table".into(), Tensor::from_u32(&[1, 1], &[1]));
+            }),
+            vec!["page_table", "column 1"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("freqs_cis".into(), f(&[4, 4]));
+            }),
+            vec!["freqs_cis", "position 4"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("page_stride".into(), json!(1000));
+            }),
+            vec!["page_table", "page 1 >= num_pages 1"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("kv_blocks".into(), f(&[0, 2, 1, 4, 1, 8]));
+            }),
+            vec!["kv_blocks", "too small"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("page_stride".into(), json!(10));
+            }),
+            vec!["kv_blocks", "page_stride 10"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("kv_blocks".into(), f(&[2, 2, 1, 4, 8]));
+                m.insert("block_keys".into(), f(&[2, 7]));
+            }),
+            vec!["block_keys", "7"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("kv_blocks".into(), f(&[2, 3, 1, 4, 1, 8]));
+            }),
+            vec!["kv_blocks", "axis 1"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("kv_blocks".into(), f(&[2, 2, 1, 4, 2, 8]));
+            }),
+            vec!["kv_blocks", "one KV head"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("layer_idx".into(), json!(1));
+            }),
+            vec!["layer_idx", "1 >= num_layers 1"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("block_keys".into(), f(&[3, 8]));
+                m.insert("key_counts".into(), Tensor::from_i32(&[2], &[0, 0]));
+                m.insert("cache_lengths".into(), Tensor::from_u32(&[2], &[0, 0]));
+                m.insert(
+                    "page_table".into(),
+                    Tensor::from_u32(&[2, 2], &[0, 0, 0, 0]),
+                );
+            }),
+            vec!["block_keys", "3 rows"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("cache_lengths".into(), Tensor::from_i32(&[1], &[-1]));
+            }),
+            vec!["cache_lengths", "-1"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("ratio".into(), json!(1));
+            }),
+            vec!["ratio", "1"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("mode".into(), json!("sometimes"));
+            }),
+            vec!["mode", "sometimes"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("rotary_dim".into(), json!(6));
+            }),
+            vec!["freqs_cis", "rotary_dim is 6"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("gamma".into(), f(&[4]));
+            }),
+            vec!["gamma", "[4]"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("key_counts".into(), Tensor::from_i32(&[2], &[8, 8]));
+            }),
+            vec!["key_counts", "[1]"],
+        ),
     ];
     for (i, (edit, needles)) in cases.iter().enumerate() {
         let (mut m, mut a) = compress();
@@ -140,17 +382,74 @@ fn qsa_compress_paged_rules() {
 #[test]
 fn qsa_prepare_query_rules() {
     let op = "qsa_prepare_query";
-    let cases: Vec<(Box<dyn Fn(&mut TensorMap, &mut AttrMap)>, Vec<&str>)> = vec![
-        (Box::new(|m, _| { m.insert("rope_cos".into(), f(&[3, 4])); m.insert("rope_sin".into(), f(&[3, 4])); }), vec!["not both"]),
-        (Box::new(|m, _| { m.insert("positions".into(), Tensor::from_i32(&[3], &[0, 10, 1])); }), vec!["positions", "10"]),
-        (Box::new(|m, _| { m.insert("positions".into(), Tensor::from_i32(&[3], &[0, -2, 1])); }), vec!["positions", "-2"]),
-        (Box::new(|m, _| { m.remove("positions"); }), vec!["positions"]),
-        (Box::new(|m, _| { m.remove("freqs_cis"); m.remove("positions"); m.insert("rope_cos".into(), f(&[3, 4])); }), vec!["rope_sin"]),
-        (Box::new(|m, _| { m.remove("freqs_cis"); m.remove("positions"); m.insert("rope_cos".into(), f(&[2, 4])); m.insert("rope_sin".into(), f(&[2, 4])); }), vec!["rope_cos", "2 rows"]),
-        (Box::new(|m, _| { m.insert("q_norm_weight".into(), f(&[9])); }), vec!["q_norm_weight", "[9]"]),
-        (Box::new(|m, _| { m.insert("index_query_raw".into(), f(&[3, 8])); }), vec!["index_query_raw", "rank"]),
-        (Box::new(|m, _| { m.insert("index_query_raw".into(), f(&[3, 2, 4096])); m.insert("q_norm_weight".into(), f(&[4096])); }), vec!["index_query_raw", "4096"]),
-        (Box::new(|m, _| { m.insert("freqs_cis".into(), f(&[10, 3])); }), vec!["freqs_cis", "3"]),
+    let cases: Vec<(Edit, Vec<&str>)> = vec![
+        (
+            Box::new(|m, _| {
+                m.insert("rope_cos".into(), f(&[3, 4]));
+                m.insert("rope_sin".into(), f(&[3, 4]));
+            }),
+            vec!["not both"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("positions".into(), Tensor::from_i32(&[3], &[0, 10, 1]));
+            }),
+            vec!["positions", "10"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("positions".into(), Tensor::from_i32(&[3], &[0, -2, 1]));
+            }),
+            vec!["positions", "-2"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("positions");
+            }),
+            vec!["positions"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("freqs_cis");
+                m.remove("positions");
+                m.insert("rope_cos".into(), f(&[3, 4]));
+            }),
+            vec!["rope_sin"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("freqs_cis");
+                m.remove("positions");
+                m.insert("rope_cos".into(), f(&[2, 4]));
+                m.insert("rope_sin".into(), f(&[2, 4]));
+            }),
+            vec!["rope_cos", "2 rows"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("q_norm_weight".into(), f(&[9]));
+            }),
+            vec!["q_norm_weight", "[9]"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("index_query_raw".into(), f(&[3, 8]));
+            }),
+            vec!["index_query_raw", "rank"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("index_query_raw".into(), f(&[3, 2, 4096]));
+                m.insert("q_norm_weight".into(), f(&[4096]));
+            }),
+            vec!["index_query_raw", "4096"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("freqs_cis".into(), f(&[10, 3]));
+            }),
+            vec!["freqs_cis", "3"],
+        ),
     ];
     for (i, (edit, needles)) in cases.iter().enumerate() {
         let (mut m, mut a) = query();
@@ -162,6 +461,16 @@ fn qsa_prepare_query_rules() {
 
 #[test]
 fn unknown_operator() {
-    let e = run_blocking("qsa_nonsense", &TensorMap::new(), &AttrMap::new(), Exec::Cpu).unwrap_err().to_string();
-    assert!(e.contains("qsa_nonsense") && e.contains("qsa_prepare"), "{e}");
+    let e = run_blocking(
+        "qsa_nonsense",
+        &TensorMap::new(),
+        &AttrMap::new(),
+        Exec::Cpu,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("qsa_nonsense") && e.contains("qsa_prepare"),
+        "{e}"
+    );
 }

@@ -16,8 +16,14 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn qsa(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_qsa")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn prepare_case(dt: DType) -> Case {
@@ -29,14 +35,21 @@ fn prepare_case(dt: DType) -> Case {
     m.insert("rope_cos".into(), rng.tensor(dt, &[2, 9, 16]));
     m.insert("rope_sin".into(), rng.tensor(dt, &[2, 9, 16]));
     m.insert("k_norm_weight".into(), rng.tensor(dt, &[40]));
-    m.insert("past_incomplete_raw_keys".into(), rng.tensor(dt, &[2, 3, 40]));
+    m.insert(
+        "past_incomplete_raw_keys".into(),
+        rng.tensor(dt, &[2, 3, 40]),
+    );
     m.insert("past_incomplete_rope".into(), rng.tensor(dt, &[2, 32]));
     let attrs = AttrMap::from([
         ("key_block_size".to_string(), json!(4)),
         ("epsilon".to_string(), json!(1e-6)),
         ("norm_weight_offset".to_string(), json!(1)),
     ]);
-    Case { op: "qsa_prepare".into(), attrs, inputs: m }
+    Case {
+        op: "qsa_prepare".into(),
+        attrs,
+        inputs: m,
+    }
 }
 
 #[test]
@@ -44,15 +57,27 @@ fn run_case_gpu_and_cpu_agree() {
     for dt in [DType::F32, DType::BF16] {
         let case = tmp(&format!("prepare-{dt}.safetensors"));
         std::fs::write(&case, prepare_case(dt).to_bytes().unwrap()).unwrap();
-        let (g, c) = (tmp(&format!("gpu-{dt}.safetensors")), tmp(&format!("cpu-{dt}.safetensors")));
+        let (g, c) = (
+            tmp(&format!("gpu-{dt}.safetensors")),
+            tmp(&format!("cpu-{dt}.safetensors")),
+        );
         let (ok, err) = qsa(&["run", case.to_str().unwrap(), "-o", g.to_str().unwrap()]);
         assert!(ok, "{err}");
-        let (ok, err) = qsa(&["run", case.to_str().unwrap(), "-o", c.to_str().unwrap(), "--cpu"]);
+        let (ok, err) = qsa(&[
+            "run",
+            case.to_str().unwrap(),
+            "-o",
+            c.to_str().unwrap(),
+            "--cpu",
+        ]);
         assert!(ok, "{err}");
         let g = read_tensors(&std::fs::read(g).unwrap()).unwrap();
         let c = read_tensors(&std::fs::read(c).unwrap()).unwrap();
         let names: Vec<&String> = g.keys().collect();
-        assert_eq!(names, ["block_index_keys", "incomplete_raw_keys", "incomplete_rope"]);
+        assert_eq!(
+            names,
+            ["block_index_keys", "incomplete_raw_keys", "incomplete_rope"]
+        );
         assert_eq!(g["block_index_keys"].shape, vec![2, 5, 40]);
         for k in g.keys() {
             compare(&g[k], &c[k], transform_tol(dt)).unwrap_or_else(|e| panic!("{k}: {e}"));
@@ -71,9 +96,14 @@ fn bad_cases_write_nothing() {
     c.attrs.remove("key_block_size");
     cases.push(("missing attribute", c.to_bytes().unwrap(), "key_block_size"));
     let mut c = prepare_case(DType::F32);
-    c.inputs.insert("key_length".into(), Tensor::from_i32(&[2], &[1, 21]));
+    c.inputs
+        .insert("key_length".into(), Tensor::from_i32(&[2], &[1, 21]));
     cases.push(("bad value", c.to_bytes().unwrap(), "key_length"));
-    cases.push(("not safetensors", b"hello world, not a case".to_vec(), "safetensors"));
+    cases.push((
+        "not safetensors",
+        b"hello world, not a case".to_vec(),
+        "safetensors",
+    ));
     let no_op = qsa_wgpu::case::serialize(&prepare_case(DType::F32).inputs, None).unwrap();
     cases.push(("no op", no_op, "op"));
     let mut md = std::collections::HashMap::new();
@@ -92,18 +122,34 @@ fn bad_cases_write_nothing() {
             }
             let (ok, err) = qsa(&args);
             assert!(!ok, "{what}: must fail");
-            assert!(err.contains(needle), "{what}: stderr {err:?} should mention {needle:?}");
+            assert!(
+                err.contains(needle),
+                "{what}: stderr {err:?} should mention {needle:?}"
+            );
             assert!(!out.exists(), "{what}: an output file was written");
         }
     }
-    let (ok, err) = qsa(&["run", "/nonexistent/case.safetensors", "-o", out.to_str().unwrap()]);
+    let (ok, err) = qsa(&[
+        "run",
+        "/nonexistent/case.safetensors",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("/nonexistent/case.safetensors") && !out.exists());
 }
 
 #[test]
 fn info_lists_adapter_and_limits() {
-    let out = Command::new(env!("CARGO_BIN_EXE_qsa")).arg("info").output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
+        .arg("info")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let s = String::from_utf8_lossy(&out.stdout);
-    assert!(s.contains("adapter") && s.contains("max_storage_buffer_binding_size") && s.contains("qsa_prepare"), "{s}");
+    assert!(
+        s.contains("adapter")
+            && s.contains("max_storage_buffer_binding_size")
+            && s.contains("qsa_prepare"),
+        "{s}"
+    );
 }

@@ -14,7 +14,10 @@ fn rejects_a_perturbed_output() {
         v[123] = v[123] * 1.05 + 0.05;
         let got = Tensor::from_f32(dt, &want.shape, &v);
         let e = compare(&got, &want, transform_tol(dt)).unwrap_err();
-        assert!(e.contains("1 of 680") && e.contains("index 123"), "{dt}: {e}");
+        assert!(
+            e.contains("1 of 680") && e.contains("index 123"),
+            "{dt}: {e}"
+        );
     }
 }
 
@@ -22,7 +25,9 @@ fn rejects_a_perturbed_output() {
 fn rejects_sentinel_and_shape_and_integer_differences() {
     let want = Tensor::from_f32(DType::F32, &[4], &[1.0, 2.0, 3.0, 4.0]);
     let got = Tensor::from_f32(DType::F32, &[4], &[1.0, 2.0, f32::NAN, 4.0]);
-    assert!(compare(&got, &want, transform_tol(DType::F32)).unwrap_err().contains("index 2"));
+    assert!(compare(&got, &want, transform_tol(DType::F32))
+        .unwrap_err()
+        .contains("index 2"));
     let short = Tensor::from_f32(DType::F32, &[3], &[1.0, 2.0, 3.0]);
     assert!(compare(&short, &want, transform_tol(DType::F32)).is_err());
     let a = Tensor::from_i32(&[3], &[1, 2, 3]);

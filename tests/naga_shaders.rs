@@ -8,15 +8,22 @@ use qsa_wgpu::shaders;
 fn translate(name: &str, t_kind: u32) -> Result<(), String> {
     let src = shaders::assemble(name).map_err(|e| e.to_string())?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
-        .validate(&module)
-        .map_err(|e| format!("validate: {e:?}"))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("validate: {e:?}"))?;
     let mut consts = naga::back::PipelineConstants::default();
     consts.insert("T_KIND".to_string(), t_kind as f64);
     let ep = module.entry_points[0].name.clone();
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, &ep)), &consts)
-            .map_err(|e| format!("overrides: {e:?}"))?;
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, &ep)),
+        &consts,
+    )
+    .map_err(|e| format!("overrides: {e:?}"))?;
     naga::back::spv::write_vec(
         &module,
         &info,
@@ -61,7 +68,12 @@ fn every_shader_validates_and_translates() {
         }
     }
     assert!(count >= 9, "expected every operator shader, found {count}");
-    assert!(failures.is_empty(), "{} shader failures:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} shader failures:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]
@@ -77,7 +89,10 @@ fn every_shader_file_is_embedded() {
         }
     }
     for f in &on_disk {
-        assert!(shaders::FILES.iter().any(|(p, _)| p == f), "shaders/{f} is not in shaders::FILES");
+        assert!(
+            shaders::FILES.iter().any(|(p, _)| p == f),
+            "shaders/{f} is not in shaders::FILES"
+        );
     }
     assert_eq!(on_disk.len(), shaders::FILES.len());
 }
@@ -90,7 +105,10 @@ fn wgsl_layout(shader: &str, ty: &str) -> (Vec<(String, u32)>, u32) {
         if t.name.as_deref() == Some(ty) {
             if let naga::TypeInner::Struct { members, span } = &t.inner {
                 return (
-                    members.iter().map(|m| (m.name.clone().unwrap(), m.offset)).collect(),
+                    members
+                        .iter()
+                        .map(|m| (m.name.clone().unwrap(), m.offset))
+                        .collect(),
                     *span,
                 );
             }
@@ -115,13 +133,33 @@ fn params_structs_match_wgsl_layout() {
         "qsa_prepare",
         qsa_prepare::QsaPrepareParams,
         "QsaPrepareParams",
-        [n, l, di, r, dr, bp, b_out, norm_on, eps, offset, cos_off, sin_off, prope_off, w_off, _pad0, _pad1]
+        [
+            n, l, di, r, dr, bp, b_out, norm_on, eps, offset, cos_off, sin_off, prope_off, w_off,
+            _pad0, _pad1
+        ]
     );
     check_params!(
         "qsa_compress_paged",
         qsa_compress_paged::QsaCompressParams,
         "QsaCompressParams",
-        [n, di, dr, r, page_size, k_off, page_stride, num_pages, max_pages, max_blocks, freq_rows, span, norm_on, full, eps, offset]
+        [
+            n,
+            di,
+            dr,
+            r,
+            page_size,
+            k_off,
+            page_stride,
+            num_pages,
+            max_pages,
+            max_blocks,
+            freq_rows,
+            span,
+            norm_on,
+            full,
+            eps,
+            offset
+        ]
     );
     check_params!(
         "qsa_prepare_query",

@@ -3,7 +3,9 @@
 
 mod util;
 
-use qsa_wgpu::ops::qsa_compress_paged::{cpu, gpu, CompressMode, QsaCompressAttrs, QsaCompressInputs};
+use qsa_wgpu::ops::qsa_compress_paged::{
+    cpu, gpu, CompressMode, QsaCompressAttrs, QsaCompressInputs,
+};
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{compare, transform_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
@@ -35,7 +37,19 @@ impl Problem {
 /// Sequences of `counts` keys, `cached` of them before the step, in a pool of `layers` layers
 /// whose pages are handed out shuffled; every page starts as garbage.
 #[allow(clippy::too_many_arguments)]
-fn problem(rng: &mut Rng, dt: DType, cached: &[usize], counts: &[usize], di: usize, dr: usize, norm: bool, r: usize, page: usize, layers: usize, layer: usize) -> Problem {
+fn problem(
+    rng: &mut Rng,
+    dt: DType,
+    cached: &[usize],
+    counts: &[usize],
+    di: usize,
+    dr: usize,
+    norm: bool,
+    r: usize,
+    page: usize,
+    layers: usize,
+    layer: usize,
+) -> Problem {
     let n = counts.len();
     let pages: usize = counts.iter().map(|c| c.div_ceil(page)).sum::<usize>() + 3;
     let layout = PoolLayout::packed(pages, layers, page, 1, di);
@@ -79,7 +93,9 @@ fn gpu_matches_cpu() {
                     let norm = rng.below(3) != 0;
                     let (layers, layer) = (2, rng.below(2));
                     let page = [16, 7, 128][rng.below(3)];
-                    let p = problem(&mut rng, dt, &cached, &counts, di, dr, norm, r, page, layers, layer);
+                    let p = problem(
+                        &mut rng, dt, &cached, &counts, di, dr, norm, r, page, layers, layer,
+                    );
                     let a = QsaCompressAttrs {
                         ratio: r,
                         rotary_dim: (dr > 0).then_some(dr),
@@ -91,17 +107,27 @@ fn gpu_matches_cpu() {
                     };
                     let want = cpu(&p.inputs(), &a).unwrap();
                     let got = pollster::block_on(gpu(&ctx, &p.inputs(), &a)).unwrap();
-                    compare(&got, &want, transform_tol(dt))
-                        .unwrap_or_else(|e| panic!("{dt} di={di} dr={dr} {mode:?} step={step} r={r} page={page}: {e}"));
+                    compare(&got, &want, transform_tol(dt)).unwrap_or_else(|e| {
+                        panic!("{dt} di={di} dr={dr} {mode:?} step={step} r={r} page={page}: {e}")
+                    });
                     // Rows outside the written range keep their exact input bits.
                     let es = dt.size();
                     let max_blocks = p.keys.shape[0] / n;
                     for s in 0..n {
-                        let first = if mode == CompressMode::Full { 0 } else { cached[s] / r };
-                        let untouched = (s * max_blocks + counts[s] / r).max(s * max_blocks + first);
+                        let first = if mode == CompressMode::Full {
+                            0
+                        } else {
+                            cached[s] / r
+                        };
+                        let untouched =
+                            (s * max_blocks + counts[s] / r).max(s * max_blocks + first);
                         let lo = untouched * di * es;
                         let hi = (s + 1) * max_blocks * di * es;
-                        assert_eq!(got.data[lo..hi], p.keys.data[lo..hi], "rows past the last block were changed");
+                        assert_eq!(
+                            got.data[lo..hi],
+                            p.keys.data[lo..hi],
+                            "rows past the last block were changed"
+                        );
                     }
                     cases += 1;
                 }
@@ -142,7 +168,9 @@ fn page_stride_and_layers() {
     // Block 0 by hand: mean of positions 0..4 of page 2, layer 2, plane K.
     let pool = p.pool.to_f32();
     let base = 2 * 2 * packed + (2 * page) * di;
-    let expect0: Vec<f32> = (0..di).map(|c| (0..4).map(|j| pool[base + j * di + c]).sum::<f32>() / 4.0).collect();
+    let expect0: Vec<f32> = (0..di)
+        .map(|c| (0..4).map(|j| pool[base + j * di + c]).sum::<f32>() / 4.0)
+        .collect();
     assert_eq!(&want.to_f32()[..di], &expect0[..]);
     let got = pollster::block_on(gpu(&ctx, &p.inputs(), &a)).unwrap();
     compare(&got, &want, transform_tol(DType::F32)).unwrap();
@@ -150,7 +178,10 @@ fn page_stride_and_layers() {
     let bad = Tensor::from_u32(&[1, 3], &[3, 0, 1]);
     let p2 = Problem { table: bad, ..p };
     let e = cpu(&p2.inputs(), &a).unwrap_err().to_string();
-    assert!(e.contains("qsa_compress_paged") && e.contains("page_table") && e.contains("page 3"), "{e}");
+    assert!(
+        e.contains("qsa_compress_paged") && e.contains("page_table") && e.contains("page 3"),
+        "{e}"
+    );
 }
 
 /// Page-table entries and lengths are device data in a decode loop: a bad entry must be
@@ -163,7 +194,15 @@ fn device_side_bad_values_are_flagged() {
     let ctx = util::ctx();
     let mut rng = Rng::new(8);
     let p = problem(&mut rng, DType::F32, &[0], &[40], 40, 0, false, 4, 16, 1, 0);
-    let a = QsaCompressAttrs { ratio: 4, rotary_dim: None, epsilon: 1e-6, norm_weight_offset: 0.0, layer_idx: 0, page_stride: None, mode: CompressMode::Full };
+    let a = QsaCompressAttrs {
+        ratio: 4,
+        rotary_dim: None,
+        epsilon: 1e-6,
+        norm_weight_offset: 0.0,
+        layer_idx: 0,
+        page_stride: None,
+        mode: CompressMode::Full,
+    };
     let plan = validate(&p.inputs(), &a).unwrap();
     let prm = params(&plan, &a, false);
     let run = |table: Vec<u32>, lens: Vec<u32>| -> (u32, Tensor) {
@@ -174,11 +213,24 @@ fn device_side_bad_values_are_flagged() {
         let keys = up(&p.keys);
         let flags = up(&Tensor::from_u32(&[1], &[0]));
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        let b = CompressBuffers { pool: &pool.buffer, page_table: &table.buffer, lens: &lens.buffer, gamma: None, freqs: None, block_keys: &keys.buffer, flags: &flags.buffer };
+        let b = CompressBuffers {
+            pool: &pool.buffer,
+            page_table: &table.buffer,
+            lens: &lens.buffer,
+            gamma: None,
+            freqs: None,
+            block_keys: &keys.buffer,
+            flags: &flags.buffer,
+        };
         pollster::block_on(encode_compress(&ctx, &mut enc, DType::F32, &prm, &b)).unwrap();
         pollster::block_on(ctx.submit("test", enc)).unwrap();
-        let got = Readback::new(&ctx, &[(&keys.buffer, keys.bytes()), (&flags.buffer, 4)]).blocking(&ctx).unwrap();
-        (u32::from_le_bytes(got[1][..4].try_into().unwrap()), Tensor::from_bytes(DType::F32, &p.keys.shape, got[0].clone()).unwrap())
+        let got = Readback::new(&ctx, &[(&keys.buffer, keys.bytes()), (&flags.buffer, 4)])
+            .blocking(&ctx)
+            .unwrap();
+        (
+            u32::from_le_bytes(got[1][..4].try_into().unwrap()),
+            Tensor::from_bytes(DType::F32, &p.keys.shape, got[0].clone()).unwrap(),
+        )
     };
     let good = plan.table.clone();
     let (f, _) = run(good.clone(), vec![0, 40]);
@@ -188,11 +240,23 @@ fn device_side_bad_values_are_flagged() {
     let (f, keys) = run(bad, vec![0, 40]);
     assert_eq!(f & 8, 8, "page >= num_pages must raise FLAG_PAGE");
     // Blocks of the bad page (positions 16..32 → blocks 4..8) are skipped, not garbage.
-    assert_eq!(keys.data[4 * 40 * 4..8 * 40 * 4], p.keys.data[4 * 40 * 4..8 * 40 * 4]);
-    let e = check_flags("qsa_compress_paged", f).unwrap_err().to_string();
-    assert!(e.contains("qsa_compress_paged") && e.contains("page-table entry"), "{e}");
+    assert_eq!(
+        keys.data[4 * 40 * 4..8 * 40 * 4],
+        p.keys.data[4 * 40 * 4..8 * 40 * 4]
+    );
+    let e = check_flags("qsa_compress_paged", f)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("qsa_compress_paged") && e.contains("page-table entry"),
+        "{e}"
+    );
     let (f, _) = run(good.clone(), vec![10, 5]);
-    assert_eq!(f & 1, 1, "key_counts < cache_lengths must raise FLAG_LENGTHS");
+    assert_eq!(
+        f & 1,
+        1,
+        "key_counts < cache_lengths must raise FLAG_LENGTHS"
+    );
     let (f, _) = run(good, vec![0, 4000]);
     assert_ne!(f & (2 | 4), 0, "lengths past the buffers must be flagged");
 }

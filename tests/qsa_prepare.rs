@@ -34,7 +34,16 @@ impl Problem {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn problem(rng: &mut Rng, dt: DType, pasts: &[usize], l: usize, di: usize, dr: usize, norm: bool, r: usize) -> Problem {
+fn problem(
+    rng: &mut Rng,
+    dt: DType,
+    pasts: &[usize],
+    l: usize,
+    di: usize,
+    dr: usize,
+    norm: bool,
+    r: usize,
+) -> Problem {
     let n = pasts.len();
     let bp = pasts.iter().map(|p| p / r).max().unwrap() + 1;
     let s: Vec<i32> = pasts.iter().map(|p| (p + l) as i32).collect();
@@ -52,9 +61,15 @@ fn problem(rng: &mut Rng, dt: DType, pasts: &[usize], l: usize, di: usize, dr: u
 
 fn check(got: &QsaPrepareOutputs, want: &QsaPrepareOutputs, dt: DType, what: &str) {
     let tol = transform_tol(dt);
-    compare(&got.block_index_keys, &want.block_index_keys, tol).unwrap_or_else(|e| panic!("{what}: block_index_keys: {e}"));
-    compare(&got.incomplete_raw_keys, &want.incomplete_raw_keys, tol).unwrap_or_else(|e| panic!("{what}: incomplete_raw_keys: {e}"));
-    assert_eq!(got.incomplete_rope.is_some(), want.incomplete_rope.is_some(), "{what}");
+    compare(&got.block_index_keys, &want.block_index_keys, tol)
+        .unwrap_or_else(|e| panic!("{what}: block_index_keys: {e}"));
+    compare(&got.incomplete_raw_keys, &want.incomplete_raw_keys, tol)
+        .unwrap_or_else(|e| panic!("{what}: incomplete_raw_keys: {e}"));
+    assert_eq!(
+        got.incomplete_rope.is_some(),
+        want.incomplete_rope.is_some(),
+        "{what}"
+    );
     if let (Some(g), Some(w)) = (&got.incomplete_rope, &want.incomplete_rope) {
         compare(g, w, tol).unwrap_or_else(|e| panic!("{what}: incomplete_rope: {e}"));
     }
@@ -73,10 +88,19 @@ fn gpu_matches_cpu() {
                 let r = [2, 3, 4, 4, 7][rng.below(5)];
                 let pasts: Vec<usize> = (0..1 + rng.below(3)).map(|_| rng.below(40)).collect();
                 let p = problem(&mut rng, dt, &pasts, l, di, dr, norm, r);
-                let a = QsaPrepareAttrs { key_block_size: r, epsilon: 1e-6, norm_weight_offset: offset };
+                let a = QsaPrepareAttrs {
+                    key_block_size: r,
+                    epsilon: 1e-6,
+                    norm_weight_offset: offset,
+                };
                 let want = cpu(&p.inputs(), &a).unwrap();
                 let got = pollster::block_on(gpu(&ctx, &p.inputs(), &a)).unwrap();
-                check(&got, &want, dt, &format!("{dt} di={di} dr={dr} l={l} r={r} pasts={pasts:?} norm={norm}"));
+                check(
+                    &got,
+                    &want,
+                    dt,
+                    &format!("{dt} di={di} dr={dr} l={l} r={r} pasts={pasts:?} norm={norm}"),
+                );
                 cases += 1;
             }
         }
@@ -91,17 +115,37 @@ fn broadcast_key_length_and_empty_outputs() {
     // key_length [1] broadcasts; S < r gives zero block rows.
     let mut p = problem(&mut rng, DType::F32, &[0, 0], 2, 40, 8, true, 4);
     p.key_length = Tensor::from_i32(&[1], &[2]);
-    let a = QsaPrepareAttrs { key_block_size: 4, epsilon: 1e-6, norm_weight_offset: 0.0 };
+    let a = QsaPrepareAttrs {
+        key_block_size: 4,
+        epsilon: 1e-6,
+        norm_weight_offset: 0.0,
+    };
     let want = cpu(&p.inputs(), &a).unwrap();
     assert_eq!(want.block_index_keys.shape, vec![2, 0, 40]);
     let got = pollster::block_on(gpu(&ctx, &p.inputs(), &a)).unwrap();
     check(&got, &want, DType::F32, "broadcast");
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Feeds one sequence of `total` tokens in calls of the given sizes; returns the final outputs.
-fn feed(exec_gpu: bool, dt: DType, keys: &[f32], cos: &[f32], sin: &[f32], w: &Tensor, di: usize, dr: usize, r: usize, splits: &[usize]) -> QsaPrepareOutputs {
+fn feed(
+    exec_gpu: bool,
+    dt: DType,
+    keys: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    w: &Tensor,
+    di: usize,
+    dr: usize,
+    r: usize,
+    splits: &[usize],
+) -> QsaPrepareOutputs {
     let ctx = util::ctx();
-    let a = QsaPrepareAttrs { key_block_size: r, epsilon: 1e-6, norm_weight_offset: 1.0 };
+    let a = QsaPrepareAttrs {
+        key_block_size: r,
+        epsilon: 1e-6,
+        norm_weight_offset: 1.0,
+    };
     let mut past_blocks = Tensor::zeros(dt, &[1, 0, di]);
     let mut past_inc = Tensor::zeros(dt, &[1, r - 1, di]);
     let mut past_rope = Tensor::zeros(dt, &[1, 2 * dr]);
@@ -123,7 +167,11 @@ fn feed(exec_gpu: bool, dt: DType, keys: &[f32], cos: &[f32], sin: &[f32], w: &T
             past_incomplete_raw_keys: &past_inc,
             past_incomplete_rope: Some(&past_rope),
         };
-        let out = if exec_gpu { pollster::block_on(gpu(&ctx, &x, &a)).unwrap() } else { cpu(&x, &a).unwrap() };
+        let out = if exec_gpu {
+            pollster::block_on(gpu(&ctx, &x, &a)).unwrap()
+        } else {
+            cpu(&x, &a).unwrap()
+        };
         past_blocks = out.block_index_keys.clone();
         past_inc = out.incomplete_raw_keys.clone();
         past_rope = out.incomplete_rope.clone().unwrap();

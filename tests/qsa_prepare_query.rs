@@ -25,7 +25,12 @@ fn gpu_matches_cpu() {
                     let sin = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
                     let rows = 200;
                     let freqs = (rope == 2).then(|| rng.tensor(dt, &[rows, dr]));
-                    let pos = (rope == 2).then(|| Tensor::from_i32(&[t], &(0..t).map(|_| rng.below(rows) as i32).collect::<Vec<_>>()));
+                    let pos = (rope == 2).then(|| {
+                        Tensor::from_i32(
+                            &[t],
+                            &(0..t).map(|_| rng.below(rows) as i32).collect::<Vec<_>>(),
+                        )
+                    });
                     let x = QsaPrepareQueryInputs {
                         index_query_raw: &q,
                         q_norm_weight: w.as_ref(),
@@ -34,10 +39,15 @@ fn gpu_matches_cpu() {
                         freqs_cis: freqs.as_ref(),
                         positions: pos.as_ref(),
                     };
-                    let a = QsaPrepareQueryAttrs { epsilon: 1e-6, norm_weight_offset: rng.below(2) as f32, rotary_dim: None };
+                    let a = QsaPrepareQueryAttrs {
+                        epsilon: 1e-6,
+                        norm_weight_offset: rng.below(2) as f32,
+                        rotary_dim: None,
+                    };
                     let want = cpu(&x, &a).unwrap();
                     let got = pollster::block_on(gpu(&ctx, &x, &a)).unwrap();
-                    compare(&got, &want, transform_tol(dt)).unwrap_or_else(|e| panic!("{dt} di={di} dr={dr} t={t} rope={rope}: {e}"));
+                    compare(&got, &want, transform_tol(dt))
+                        .unwrap_or_else(|e| panic!("{dt} di={di} dr={dr} t={t} rope={rope}: {e}"));
                     cases += 1;
                 }
             }
@@ -53,17 +63,45 @@ fn norm_and_rope_by_hand() {
     let w = Tensor::from_f32(DType::F32, &[4], &[1.0, 1.0, 2.0, 0.5]);
     let c = Tensor::from_f32(DType::F32, &[1, 2], &[0.0, 0.5]);
     let s = Tensor::from_f32(DType::F32, &[1, 2], &[1.0, 0.25]);
-    let x = QsaPrepareQueryInputs { index_query_raw: &q, q_norm_weight: Some(&w), rope_cos: Some(&c), rope_sin: Some(&s), freqs_cis: None, positions: None };
-    let a = QsaPrepareQueryAttrs { epsilon: 0.0, norm_weight_offset: 0.0, rotary_dim: None };
+    let x = QsaPrepareQueryInputs {
+        index_query_raw: &q,
+        q_norm_weight: Some(&w),
+        rope_cos: Some(&c),
+        rope_sin: Some(&s),
+        freqs_cis: None,
+        positions: None,
+    };
+    let a = QsaPrepareQueryAttrs {
+        epsilon: 0.0,
+        norm_weight_offset: 0.0,
+        rotary_dim: None,
+    };
     let got = cpu(&x, &a).unwrap().to_f32();
     let rms = (30.0f32 / 4.0).sqrt();
     let y = [1.0 / rms, 2.0 / rms, 6.0 / rms, 2.0 / rms];
-    let want = [y[0] * 0.0 - y[1] * 1.0, y[1] * 0.5 + y[0] * 0.25, y[2], y[3]];
+    let want = [
+        y[0] * 0.0 - y[1] * 1.0,
+        y[1] * 0.5 + y[0] * 0.25,
+        y[2],
+        y[3],
+    ];
     for i in 0..4 {
-        assert!((got[i] - want[i]).abs() < 1e-6, "channel {i}: {} vs {}", got[i], want[i]);
+        assert!(
+            (got[i] - want[i]).abs() < 1e-6,
+            "channel {i}: {} vs {}",
+            got[i],
+            want[i]
+        );
     }
-    let gpu_out = pollster::block_on(gpu(&util::ctx(), &x, &a)).unwrap().to_f32();
+    let gpu_out = pollster::block_on(gpu(&util::ctx(), &x, &a))
+        .unwrap()
+        .to_f32();
     for i in 0..4 {
-        assert!((gpu_out[i] - want[i]).abs() < 1e-5, "gpu channel {i}: {} vs {}", gpu_out[i], want[i]);
+        assert!(
+            (gpu_out[i] - want[i]).abs() < 1e-5,
+            "gpu channel {i}: {} vs {}",
+            gpu_out[i],
+            want[i]
+        );
     }
 }

@@ -34,11 +34,13 @@ impl GpuTensor {
         ctx.check_binding_size("upload", label, t.data.len() as u64)?;
         let mut data = t.data.clone();
         data.resize(padded(data.len()) as usize, 0);
-        let buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: &data,
-            usage: USAGE,
-        });
+        let buffer = ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &data,
+                usage: USAGE,
+            });
         Ok(GpuTensor {
             buffer,
             dtype: t.dtype,
@@ -48,14 +50,22 @@ impl GpuTensor {
 
     /// A new buffer for a tensor of `shape`, every byte set to `fill` (a sentinel such as
     /// 0xFF, which reads as NaN for every float type, so a missed write cannot pass as zero).
-    pub fn filled(ctx: &Context, label: &str, dtype: DType, shape: &[usize], fill: u8) -> Result<GpuTensor> {
+    pub fn filled(
+        ctx: &Context,
+        label: &str,
+        dtype: DType,
+        shape: &[usize],
+        fill: u8,
+    ) -> Result<GpuTensor> {
         let n: usize = shape.iter().product::<usize>() * dtype.size();
         ctx.check_binding_size("alloc", label, n as u64)?;
-        let buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: &vec![fill; padded(n) as usize],
-            usage: USAGE,
-        });
+        let buffer = ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &vec![fill; padded(n) as usize],
+                usage: USAGE,
+            });
         Ok(GpuTensor {
             buffer,
             dtype,
@@ -80,9 +90,11 @@ pub struct Readback {
 impl Readback {
     /// Records and submits the copies of `(buffer, bytes)` pairs.
     pub fn new(ctx: &Context, sources: &[(&wgpu::Buffer, u64)]) -> Readback {
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("qsa.readback"),
-        });
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("qsa.readback"),
+            });
         let staging = sources
             .iter()
             .map(|(src, bytes)| {

@@ -57,8 +57,11 @@ pub enum BindingKind {
     Storage { read_only: bool },
 }
 
+/// Group-0 bindings (number, kind) in order, and the workgroup size.
+pub type Reflection = (Vec<(u32, BindingKind)>, [u32; 3]);
+
 /// Bindings of group 0 and the workgroup size of `entry`, read from the module by naga.
-pub fn reflect(module: &naga::Module, entry: &str) -> Option<(Vec<(u32, BindingKind)>, [u32; 3])> {
+pub fn reflect(module: &naga::Module, entry: &str) -> Option<Reflection> {
     let ep = module.entry_points.iter().find(|e| e.name == entry)?;
     let mut out = Vec::new();
     for (_, var) in module.global_variables.iter() {
@@ -86,7 +89,11 @@ impl PipelineCache {
     }
 
     /// Returns the cached pipeline for `key`, building it on first use.
-    pub async fn get(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<Arc<CachedPipeline>> {
+    pub async fn get(
+        &self,
+        device: &wgpu::Device,
+        key: &PipelineKey,
+    ) -> Result<Arc<CachedPipeline>> {
         if let Some(p) = self.map.lock().unwrap().get(key) {
             return Ok(p.clone());
         }

@@ -67,8 +67,8 @@ impl Context {
                 Err(e) => errors.push(format!("{backends:?}: {e}")),
             }
         }
-        let (instance, adapter) =
-            found.ok_or_else(|| Error::Adapter(format!("no adapter found ({})", errors.join("; "))))?;
+        let (instance, adapter) = found
+            .ok_or_else(|| Error::Adapter(format!("no adapter found ({})", errors.join("; "))))?;
         let info = adapter.get_info();
         let available = adapter.features();
         let caps = Capabilities {
@@ -116,7 +116,9 @@ impl Context {
         }))
     }
 
-    async fn adapter(backends: wgpu::Backends) -> Result<(wgpu::Instance, wgpu::Adapter), wgpu::RequestAdapterError> {
+    async fn adapter(
+        backends: wgpu::Backends,
+    ) -> Result<(wgpu::Instance, wgpu::Adapter), wgpu::RequestAdapterError> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backends;
         desc.flags = wgpu::InstanceFlags::from_build_config().with_env();

@@ -59,7 +59,10 @@ pub fn float_of(op: &'static str, name: &str, t: &Tensor, dt: DType) -> Result<(
         return Err(Error::input(
             op,
             name,
-            format!("dtype {} differs from the call's activation type {dt}", t.dtype),
+            format!(
+                "dtype {} differs from the call's activation type {dt}",
+                t.dtype
+            ),
         ));
     }
     Ok(())
@@ -115,7 +118,11 @@ fn attr_num(op: &'static str, a: &AttrMap, name: &str) -> Result<Option<f64>> {
 pub fn attr_int(op: &'static str, a: &AttrMap, name: &str, default: Option<i64>) -> Result<i64> {
     match attr_num(op, a, name)? {
         Some(v) if v.fract() == 0.0 && v.abs() < 9.0e15 => Ok(v as i64),
-        Some(v) => Err(Error::attr(op, name, format!("expected an integer, got {v}"))),
+        Some(v) => Err(Error::attr(
+            op,
+            name,
+            format!("expected an integer, got {v}"),
+        )),
         None => default.ok_or_else(|| Error::attr(op, name, "required attribute is missing")),
     }
 }
@@ -145,7 +152,11 @@ pub fn attr_bool(op: &'static str, a: &AttrMap, name: &str, default: bool) -> Re
         Some(serde_json::Value::Bool(b)) => Ok(*b),
         Some(serde_json::Value::Number(n)) if n.as_i64() == Some(0) => Ok(false),
         Some(serde_json::Value::Number(n)) if n.as_i64() == Some(1) => Ok(true),
-        Some(v) => Err(Error::attr(op, name, format!("expected true or false, got {v}"))),
+        Some(v) => Err(Error::attr(
+            op,
+            name,
+            format!("expected true or false, got {v}"),
+        )),
     }
 }
 
@@ -166,7 +177,7 @@ pub fn check_di(op: &'static str, name: &str, di: usize) -> Result<()> {
 
 /// Checks a rotary dimension: even, ≤ Di.
 pub fn check_dr(op: &'static str, name: &str, dr: usize, di: usize) -> Result<()> {
-    if dr % 2 != 0 || dr > di {
+    if !dr.is_multiple_of(2) || dr > di {
         return Err(Error::input(
             op,
             name,
@@ -223,11 +234,13 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
     use wgpu::util::DeviceExt;
     let cp = ctx.cache.get(&ctx.device, &d.key).await?;
     let label = format!("qsa.{}", d.key.shader);
-    let ubuf = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some(&label),
-        contents: d.params,
-        usage: wgpu::BufferUsages::UNIFORM,
-    });
+    let ubuf = ctx
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(&label),
+            contents: d.params,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
     let mut entries = vec![wgpu::BindGroupEntry {
         binding: 0,
         resource: ubuf.as_entire_binding(),

@@ -11,10 +11,19 @@ pub use common::{AttrMap, Exec, TensorMap};
 use crate::error::{Error, Result};
 
 /// Operator names [`run`] knows.
-pub const NAMES: &[&str] = &[qsa_prepare::OP, qsa_compress_paged::OP, qsa_prepare_query::OP];
+pub const NAMES: &[&str] = &[
+    qsa_prepare::OP,
+    qsa_compress_paged::OP,
+    qsa_prepare_query::OP,
+];
 
 /// Runs operator `op` on named inputs and attributes; returns the named outputs.
-pub async fn run(op: &str, inputs: &TensorMap, attrs: &AttrMap, exec: Exec<'_>) -> Result<TensorMap> {
+pub async fn run(
+    op: &str,
+    inputs: &TensorMap,
+    attrs: &AttrMap,
+    exec: Exec<'_>,
+) -> Result<TensorMap> {
     match op {
         qsa_prepare::OP => {
             let a = qsa_prepare::QsaPrepareAttrs::from_map(attrs)?;
@@ -49,6 +58,11 @@ pub async fn run(op: &str, inputs: &TensorMap, attrs: &AttrMap, exec: Exec<'_>) 
 
 /// Blocking wrapper of [`run`] for native callers.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn run_blocking(op: &str, inputs: &TensorMap, attrs: &AttrMap, exec: Exec<'_>) -> Result<TensorMap> {
+pub fn run_blocking(
+    op: &str,
+    inputs: &TensorMap,
+    attrs: &AttrMap,
+    exec: Exec<'_>,
+) -> Result<TensorMap> {
     pollster::block_on(run(op, inputs, attrs, exec))
 }

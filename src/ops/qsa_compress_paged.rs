@@ -37,21 +37,33 @@ impl QsaCompressAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
         let ratio = attr_int(OP, a, "ratio", None)?;
         if !(2..=MAX_RATIO as i64).contains(&ratio) {
-            return Err(Error::attr(OP, "ratio", format!("must be in 2..={MAX_RATIO}, got {ratio}")));
+            return Err(Error::attr(
+                OP,
+                "ratio",
+                format!("must be in 2..={MAX_RATIO}, got {ratio}"),
+            ));
         }
         let rotary_dim = match a.get("rotary_dim") {
             None => None,
             Some(_) => {
                 let v = attr_int(OP, a, "rotary_dim", None)?;
                 if v < 0 {
-                    return Err(Error::attr(OP, "rotary_dim", format!("must be >= 0, got {v}")));
+                    return Err(Error::attr(
+                        OP,
+                        "rotary_dim",
+                        format!("must be >= 0, got {v}"),
+                    ));
                 }
                 Some(v as usize)
             }
         };
         let layer = attr_int(OP, a, "layer_idx", Some(0))?;
         if layer < 0 {
-            return Err(Error::attr(OP, "layer_idx", format!("must be >= 0, got {layer}")));
+            return Err(Error::attr(
+                OP,
+                "layer_idx",
+                format!("must be >= 0, got {layer}"),
+            ));
         }
         let page_stride = match a.get("page_stride") {
             None | Some(serde_json::Value::Null) => None,
@@ -61,12 +73,20 @@ impl QsaCompressAttrs {
             "incremental" => CompressMode::Incremental,
             "full" => CompressMode::Full,
             other => {
-                return Err(Error::attr(OP, "mode", format!("must be \"incremental\" or \"full\", got {other:?}")))
+                return Err(Error::attr(
+                    OP,
+                    "mode",
+                    format!("must be \"incremental\" or \"full\", got {other:?}"),
+                ))
             }
         };
         let epsilon = attr_f32(OP, a, "epsilon", 1e-6)?;
         if epsilon < 0.0 {
-            return Err(Error::attr(OP, "epsilon", format!("must be >= 0, got {epsilon}")));
+            return Err(Error::attr(
+                OP,
+                "epsilon",
+                format!("must be >= 0, got {epsilon}"),
+            ));
         }
         Ok(QsaCompressAttrs {
             ratio: ratio as usize,
@@ -138,40 +158,73 @@ pub fn validate(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Plan> {
     let dt = float_type(OP, "kv_blocks", x.kv_blocks)?;
     let layout = PoolLayout::from_tensor(OP, "kv_blocks", x.kv_blocks, a.page_stride, true)?;
     if layout.num_kv_heads != 1 {
-        return Err(Error::input(OP, "kv_blocks", format!("the indexer pool has one KV head, got {}", layout.num_kv_heads)));
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!(
+                "the indexer pool has one KV head, got {}",
+                layout.num_kv_heads
+            ),
+        ));
     }
     if a.layer_idx >= layout.num_layers {
-        return Err(Error::attr(OP, "layer_idx", format!("{} >= num_layers {}", a.layer_idx, layout.num_layers)));
+        return Err(Error::attr(
+            OP,
+            "layer_idx",
+            format!("{} >= num_layers {}", a.layer_idx, layout.num_layers),
+        ));
     }
     let di = layout.head_dim;
     check_di(OP, "kv_blocks", di)?;
-    let &[rows, bdi] = rank(OP, "block_keys", x.block_keys, 2)? else { unreachable!() };
+    let &[rows, bdi] = rank(OP, "block_keys", x.block_keys, 2)? else {
+        unreachable!()
+    };
     float_of(OP, "block_keys", x.block_keys, dt)?;
     if bdi != di {
-        return Err(Error::input(OP, "block_keys", format!("has {bdi} channels, the pool has head_dim {di}")));
+        return Err(Error::input(
+            OP,
+            "block_keys",
+            format!("has {bdi} channels, the pool has head_dim {di}"),
+        ));
     }
     let cache = uints(OP, "cache_lengths", x.cache_lengths)?;
     let n = cache.len();
     rank(OP, "cache_lengths", x.cache_lengths, 1)?;
     shape_is(OP, "key_counts", x.key_counts, &[n])?;
     let kc = ints(OP, "key_counts", x.key_counts)?;
-    let &[tn, max_pages] = rank(OP, "page_table", x.page_table, 2)? else { unreachable!() };
+    let &[tn, max_pages] = rank(OP, "page_table", x.page_table, 2)? else {
+        unreachable!()
+    };
     if tn != n {
-        return Err(Error::input(OP, "page_table", format!("has {tn} rows for {n} sequences")));
+        return Err(Error::input(
+            OP,
+            "page_table",
+            format!("has {tn} rows for {n} sequences"),
+        ));
     }
     let table = uints(OP, "page_table", x.page_table)?;
-    if n > 0 && rows % n != 0 {
-        return Err(Error::input(OP, "block_keys", format!("{rows} rows do not split evenly over N = {n} sequences")));
+    if n > 0 && !rows.is_multiple_of(n) {
+        return Err(Error::input(
+            OP,
+            "block_keys",
+            format!("{rows} rows do not split evenly over N = {n} sequences"),
+        ));
     }
-    let max_blocks = if n == 0 { 0 } else { rows / n };
+    let max_blocks = rows.checked_div(n).unwrap_or(0);
     let dr = match (x.freqs_cis, a.rotary_dim) {
         (None, _) => 0,
         (Some(f), dr) => {
             float_of(OP, "freqs_cis", f, dt)?;
-            let &[_, w] = rank(OP, "freqs_cis", f, 2)? else { unreachable!() };
+            let &[_, w] = rank(OP, "freqs_cis", f, 2)? else {
+                unreachable!()
+            };
             let dr = dr.unwrap_or(w);
             if w != dr {
-                return Err(Error::input(OP, "freqs_cis", format!("has {w} columns, rotary_dim is {dr}")));
+                return Err(Error::input(
+                    OP,
+                    "freqs_cis",
+                    format!("has {w} columns, rotary_dim is {dr}"),
+                ));
             }
             check_dr(OP, "freqs_cis", dr, di)?;
             dr
@@ -187,7 +240,11 @@ pub fn validate(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Plan> {
     for i in 0..n {
         let k = kc[i];
         if k < cache[i] as i64 {
-            return Err(Error::input(OP, "key_counts", format!("sequence {i}: key_counts {k} < cache_lengths {}", cache[i])));
+            return Err(Error::input(
+                OP,
+                "key_counts",
+                format!("sequence {i}: key_counts {k} < cache_lengths {}", cache[i]),
+            ));
         }
         if k as usize / r > max_blocks {
             return Err(Error::input(
@@ -218,7 +275,10 @@ pub fn validate(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Plan> {
                     return Err(Error::input(
                         OP,
                         "page_table",
-                        format!("sequence {i}, column {col}: page {page} >= num_pages {}", layout.num_pages),
+                        format!(
+                            "sequence {i}, column {col}: page {page} >= num_pages {}",
+                            layout.num_pages
+                        ),
                     ));
                 }
             }
@@ -226,13 +286,29 @@ pub fn validate(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Plan> {
                 return Err(Error::input(
                     OP,
                     "freqs_cis",
-                    format!("sequence {i}: position {} >= its {freq_rows} rows", (last - 1) * r),
+                    format!(
+                        "sequence {i}: position {} >= its {freq_rows} rows",
+                        (last - 1) * r
+                    ),
                 ));
             }
         }
         counts.push(k as u32);
     }
-    Ok(Plan { dt, n, di, dr, layout, max_pages, max_blocks, freq_rows, cache, counts, table, span })
+    Ok(Plan {
+        dt,
+        n,
+        di,
+        dr,
+        layout,
+        max_pages,
+        max_blocks,
+        freq_rows,
+        cache,
+        counts,
+        table,
+        span,
+    })
 }
 
 /// The CPU reference: returns the updated `block_keys`.
@@ -258,11 +334,18 @@ pub fn cpu(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Tensor> {
             }
             row.iter_mut().for_each(|v| *v /= r as f32);
             let pos0 = b * r;
-            transform_row(row, gamma.as_deref(), a.epsilon, a.norm_weight_offset, dr, |c| {
-                let f = freqs.as_ref().unwrap();
-                let i = pos0 * dr + 2 * (c % (dr / 2));
-                (f[i], f[i + 1])
-            });
+            transform_row(
+                row,
+                gamma.as_deref(),
+                a.epsilon,
+                a.norm_weight_offset,
+                dr,
+                |c| {
+                    let f = freqs.as_ref().unwrap();
+                    let i = pos0 * dr + 2 * (c % (dr / 2));
+                    (f[i], f[i + 1])
+                },
+            );
         }
     }
     // Rows not written keep their exact input bits; written rows are rounded once.

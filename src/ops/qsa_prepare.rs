@@ -21,14 +21,26 @@ impl QsaPrepareAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
         let r = attr_int(OP, a, "key_block_size", None)?;
         if r < 2 {
-            return Err(Error::attr(OP, "key_block_size", format!("must be >= 2, got {r}")));
+            return Err(Error::attr(
+                OP,
+                "key_block_size",
+                format!("must be >= 2, got {r}"),
+            ));
         }
         if r > 1 << 20 {
-            return Err(Error::attr(OP, "key_block_size", format!("{r} is implausibly large")));
+            return Err(Error::attr(
+                OP,
+                "key_block_size",
+                format!("{r} is implausibly large"),
+            ));
         }
         let epsilon = attr_f32(OP, a, "epsilon", 1e-6)?;
         if epsilon < 0.0 {
-            return Err(Error::attr(OP, "epsilon", format!("must be >= 0, got {epsilon}")));
+            return Err(Error::attr(
+                OP,
+                "epsilon",
+                format!("must be >= 0, got {epsilon}"),
+            ));
         }
         Ok(QsaPrepareAttrs {
             key_block_size: r as usize,
@@ -102,7 +114,9 @@ pub struct Plan {
 pub fn validate(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<Plan> {
     let r = a.key_block_size;
     let dt = float_type(OP, "raw_index_keys", x.raw_index_keys)?;
-    let &[n, l, di] = rank(OP, "raw_index_keys", x.raw_index_keys, 3)? else { unreachable!() };
+    let &[n, l, di] = rank(OP, "raw_index_keys", x.raw_index_keys, 3)? else {
+        unreachable!()
+    };
     check_di(OP, "raw_index_keys", di)?;
     float_of(OP, "past_block_index_keys", x.past_block_index_keys, dt)?;
     let &[pn, bp, pdi] = rank(OP, "past_block_index_keys", x.past_block_index_keys, 3)? else {
@@ -112,7 +126,10 @@ pub fn validate(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<Plan> {
         return Err(Error::input(
             OP,
             "past_block_index_keys",
-            format!("shape {:?} does not match [N={n}, Bp, Di={di}]", x.past_block_index_keys.shape),
+            format!(
+                "shape {:?} does not match [N={n}, Bp, Di={di}]",
+                x.past_block_index_keys.shape
+            ),
         ));
     }
     let kl = ints(OP, "key_length", x.key_length)?;
@@ -134,7 +151,11 @@ pub fn validate(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<Plan> {
             ));
         }
         if v > u32::MAX as i64 / 2 {
-            return Err(Error::input(OP, "key_length", format!("sequence {i}: {v} is too large")));
+            return Err(Error::input(
+                OP,
+                "key_length",
+                format!("sequence {i}: {v} is too large"),
+            ));
         }
         let past = (v as usize - l) / r;
         if past > bp {
@@ -146,14 +167,26 @@ pub fn validate(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<Plan> {
         }
         s.push(v as u32);
     }
-    float_of(OP, "past_incomplete_raw_keys", x.past_incomplete_raw_keys, dt)?;
-    shape_is(OP, "past_incomplete_raw_keys", x.past_incomplete_raw_keys, &[n, r - 1, di])?;
+    float_of(
+        OP,
+        "past_incomplete_raw_keys",
+        x.past_incomplete_raw_keys,
+        dt,
+    )?;
+    shape_is(
+        OP,
+        "past_incomplete_raw_keys",
+        x.past_incomplete_raw_keys,
+        &[n, r - 1, di],
+    )?;
     let dr = match (x.rope_cos, x.rope_sin) {
         (None, None) => 0,
         (Some(c), Some(si)) => {
             float_of(OP, "rope_cos", c, dt)?;
             float_of(OP, "rope_sin", si, dt)?;
-            let &[cn, cl, dr] = rank(OP, "rope_cos", c, 3)? else { unreachable!() };
+            let &[cn, cl, dr] = rank(OP, "rope_cos", c, 3)? else {
+                unreachable!()
+            };
             if cn != n || cl != l {
                 return Err(Error::input(
                     OP,
@@ -165,8 +198,20 @@ pub fn validate(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<Plan> {
             shape_is(OP, "rope_sin", si, &c.shape)?;
             dr
         }
-        (Some(_), None) => return Err(Error::input(OP, "rope_sin", "rope_cos is given, rope_sin is not")),
-        (None, Some(_)) => return Err(Error::input(OP, "rope_cos", "rope_sin is given, rope_cos is not")),
+        (Some(_), None) => {
+            return Err(Error::input(
+                OP,
+                "rope_sin",
+                "rope_cos is given, rope_sin is not",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(Error::input(
+                OP,
+                "rope_cos",
+                "rope_sin is given, rope_cos is not",
+            ))
+        }
     };
     match (dr > 0, x.past_incomplete_rope) {
         (true, Some(p)) => {
@@ -174,10 +219,18 @@ pub fn validate(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<Plan> {
             shape_is(OP, "past_incomplete_rope", p, &[n, 2 * dr])?;
         }
         (true, None) => {
-            return Err(Error::input(OP, "past_incomplete_rope", "required when rope_cos/rope_sin are given"))
+            return Err(Error::input(
+                OP,
+                "past_incomplete_rope",
+                "required when rope_cos/rope_sin are given",
+            ))
         }
         (false, Some(_)) => {
-            return Err(Error::input(OP, "past_incomplete_rope", "given without rope_cos/rope_sin"))
+            return Err(Error::input(
+                OP,
+                "past_incomplete_rope",
+                "given without rope_cos/rope_sin",
+            ))
         }
         (false, None) => {}
     }
@@ -186,7 +239,16 @@ pub fn validate(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<Plan> {
         shape_is(OP, "k_norm_weight", w, &[di])?;
     }
     let b_out = s.iter().map(|&v| v as usize / r).max().unwrap_or(0);
-    Ok(Plan { dt, n, l, di, dr, bp, b_out, s })
+    Ok(Plan {
+        dt,
+        n,
+        l,
+        di,
+        dr,
+        bp,
+        b_out,
+        s,
+    })
 }
 
 /// The CPU reference.
@@ -234,9 +296,14 @@ pub fn cpu(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<QsaPrepareOutput
                     }
                     *v = acc / r as f32;
                 }
-                transform_row(dst, w.as_deref(), a.epsilon, a.norm_weight_offset, dr, |c| {
-                    rope_cs(b * r, c)
-                });
+                transform_row(
+                    dst,
+                    w.as_deref(),
+                    a.epsilon,
+                    a.norm_weight_offset,
+                    dr,
+                    |c| rope_cs(b * r, c),
+                );
             }
         }
         let start = (s / r) * r;
@@ -245,7 +312,7 @@ pub fn cpu(x: &QsaPrepareInputs, a: &QsaPrepareAttrs) -> Result<QsaPrepareOutput
                 inc[(seq * (r - 1) + j) * di + c] = raw_key(start + j, c);
             }
         }
-        if dr > 0 && s % r > 0 {
+        if dr > 0 && !s.is_multiple_of(r) {
             for c in 0..dr {
                 let (co, si) = rope_cs(start, c);
                 inc_rope[seq * 2 * dr + c] = co;
@@ -283,12 +350,21 @@ pub struct QsaPrepareParams {
 }
 
 /// Runs on the GPU: uploads, one dispatch, readback. Outputs are sentinel-filled first.
-pub async fn gpu(ctx: &Context, x: &QsaPrepareInputs<'_>, a: &QsaPrepareAttrs) -> Result<QsaPrepareOutputs> {
+pub async fn gpu(
+    ctx: &Context,
+    x: &QsaPrepareInputs<'_>,
+    a: &QsaPrepareAttrs,
+) -> Result<QsaPrepareOutputs> {
     let p = validate(x, a)?;
     let r = a.key_block_size;
     let (aux_bytes, offs) = pack_segments(
         p.dt,
-        &[x.rope_cos, x.rope_sin, x.past_incomplete_rope, x.k_norm_weight],
+        &[
+            x.rope_cos,
+            x.rope_sin,
+            x.past_incomplete_rope,
+            x.k_norm_weight,
+        ],
     );
     let aux = Tensor::from_bytes(DType::U32, &[aux_bytes.len().div_ceil(4)], {
         let mut b = aux_bytes;
@@ -318,7 +394,9 @@ pub async fn gpu(ctx: &Context, x: &QsaPrepareInputs<'_>, a: &QsaPrepareAttrs) -
     let past_inc = up("past_incomplete_raw_keys", x.past_incomplete_raw_keys)?;
     let aux = up("aux", &aux)?;
     let key_len = up("key_length", &Tensor::from_u32(&[p.n], &p.s))?;
-    let sentinel = |name: &str, shape: &[usize]| GpuTensor::filled(ctx, &format!("qsa.{OP}.{name}"), p.dt, shape, 0xff);
+    let sentinel = |name: &str, shape: &[usize]| {
+        GpuTensor::filled(ctx, &format!("qsa.{OP}.{name}"), p.dt, shape, 0xff)
+    };
     let out_blocks = sentinel("block_index_keys", &[p.n, p.b_out, p.di])?;
     let out_inc = sentinel("incomplete_raw_keys", &[p.n, r - 1, p.di])?;
     let out_rope = sentinel("incomplete_rope", &[p.n, 2 * p.dr])?;

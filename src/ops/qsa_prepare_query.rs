@@ -21,14 +21,22 @@ impl QsaPrepareQueryAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
         let epsilon = attr_f32(OP, a, "epsilon", 1e-6)?;
         if epsilon < 0.0 {
-            return Err(Error::attr(OP, "epsilon", format!("must be >= 0, got {epsilon}")));
+            return Err(Error::attr(
+                OP,
+                "epsilon",
+                format!("must be >= 0, got {epsilon}"),
+            ));
         }
         let rotary_dim = match a.get("rotary_dim") {
             None => None,
             Some(_) => {
                 let v = attr_int(OP, a, "rotary_dim", None)?;
                 if v < 0 {
-                    return Err(Error::attr(OP, "rotary_dim", format!("must be >= 0, got {v}")));
+                    return Err(Error::attr(
+                        OP,
+                        "rotary_dim",
+                        format!("must be >= 0, got {v}"),
+                    ));
                 }
                 Some(v as usize)
             }
@@ -88,7 +96,9 @@ pub struct Plan {
 /// Every host-checkable rule of SPEC §3.
 pub fn validate(x: &QsaPrepareQueryInputs, a: &QsaPrepareQueryAttrs) -> Result<Plan> {
     let dt = float_type(OP, "index_query_raw", x.index_query_raw)?;
-    let &[t, hi, di] = rank(OP, "index_query_raw", x.index_query_raw, 3)? else { unreachable!() };
+    let &[t, hi, di] = rank(OP, "index_query_raw", x.index_query_raw, 3)? else {
+        unreachable!()
+    };
     check_di(OP, "index_query_raw", di)?;
     if let Some(w) = x.q_norm_weight {
         float_of(OP, "q_norm_weight", w, dt)?;
@@ -97,39 +107,67 @@ pub fn validate(x: &QsaPrepareQueryInputs, a: &QsaPrepareQueryAttrs) -> Result<P
     let tables = x.rope_cos.is_some() || x.rope_sin.is_some();
     let freqs = x.freqs_cis.is_some() || x.positions.is_some();
     if tables && freqs {
-        return Err(Error::input(OP, "freqs_cis", "give rope_cos/rope_sin or freqs_cis/positions, not both"));
+        return Err(Error::input(
+            OP,
+            "freqs_cis",
+            "give rope_cos/rope_sin or freqs_cis/positions, not both",
+        ));
     }
     let check_width = |name: &str, w: usize| -> Result<usize> {
         let dr = a.rotary_dim.unwrap_or(w);
         if dr != w {
-            return Err(Error::input(OP, name, format!("has {w} columns, rotary_dim is {dr}")));
+            return Err(Error::input(
+                OP,
+                name,
+                format!("has {w} columns, rotary_dim is {dr}"),
+            ));
         }
         check_dr(OP, name, dr, di)?;
         Ok(dr)
     };
     let mut freq_rows = 0;
     let (dr, rope) = if tables {
-        let c = x.rope_cos.ok_or_else(|| Error::input(OP, "rope_cos", "rope_sin is given, rope_cos is not"))?;
-        let s = x.rope_sin.ok_or_else(|| Error::input(OP, "rope_sin", "rope_cos is given, rope_sin is not"))?;
+        let c = x
+            .rope_cos
+            .ok_or_else(|| Error::input(OP, "rope_cos", "rope_sin is given, rope_cos is not"))?;
+        let s = x
+            .rope_sin
+            .ok_or_else(|| Error::input(OP, "rope_sin", "rope_cos is given, rope_sin is not"))?;
         float_of(OP, "rope_cos", c, dt)?;
         float_of(OP, "rope_sin", s, dt)?;
-        let &[ct, w] = rank(OP, "rope_cos", c, 2)? else { unreachable!() };
+        let &[ct, w] = rank(OP, "rope_cos", c, 2)? else {
+            unreachable!()
+        };
         if ct != t {
-            return Err(Error::input(OP, "rope_cos", format!("has {ct} rows for T = {t}")));
+            return Err(Error::input(
+                OP,
+                "rope_cos",
+                format!("has {ct} rows for T = {t}"),
+            ));
         }
         shape_is(OP, "rope_sin", s, &c.shape)?;
         (check_width("rope_cos", w)?, Rope::Tables)
     } else if freqs {
-        let f = x.freqs_cis.ok_or_else(|| Error::input(OP, "freqs_cis", "positions is given, freqs_cis is not"))?;
-        let p = x.positions.ok_or_else(|| Error::input(OP, "positions", "freqs_cis is given, positions is not"))?;
+        let f = x
+            .freqs_cis
+            .ok_or_else(|| Error::input(OP, "freqs_cis", "positions is given, freqs_cis is not"))?;
+        let p = x
+            .positions
+            .ok_or_else(|| Error::input(OP, "positions", "freqs_cis is given, positions is not"))?;
         float_of(OP, "freqs_cis", f, dt)?;
-        let &[rows, w] = rank(OP, "freqs_cis", f, 2)? else { unreachable!() };
+        let &[rows, w] = rank(OP, "freqs_cis", f, 2)? else {
+            unreachable!()
+        };
         shape_is(OP, "positions", p, &[t])?;
         let pos = ints(OP, "positions", p)?;
         let mut out = Vec::with_capacity(t);
         for (i, &v) in pos.iter().enumerate() {
             if v < 0 || v as usize >= rows {
-                return Err(Error::input(OP, "positions", format!("row {i}: position {v} outside freqs_cis rows 0..{rows}")));
+                return Err(Error::input(
+                    OP,
+                    "positions",
+                    format!("row {i}: position {v} outside freqs_cis rows 0..{rows}"),
+                ));
             }
             out.push(v as u32);
         }
@@ -138,7 +176,15 @@ pub fn validate(x: &QsaPrepareQueryInputs, a: &QsaPrepareQueryAttrs) -> Result<P
     } else {
         (0, Rope::None)
     };
-    Ok(Plan { dt, t, hi, di, dr, rope, freq_rows })
+    Ok(Plan {
+        dt,
+        t,
+        hi,
+        di,
+        dr,
+        rope,
+        freq_rows,
+    })
 }
 
 /// The CPU reference.
@@ -153,15 +199,25 @@ pub fn cpu(x: &QsaPrepareQueryInputs, a: &QsaPrepareQueryAttrs) -> Result<Tensor
     for t in 0..p.t {
         for h in 0..p.hi {
             let row = &mut q[(t * p.hi + h) * p.di..][..p.di];
-            transform_row(row, w.as_deref(), a.epsilon, a.norm_weight_offset, dr, |c| match &p.rope {
-                Rope::Tables => (cos.as_ref().unwrap()[t * dr + c], sin.as_ref().unwrap()[t * dr + c]),
-                Rope::Freqs(pos) => {
-                    let i = pos[t] as usize * dr + 2 * (c % (dr / 2));
-                    let f = freqs.as_ref().unwrap();
-                    (f[i], f[i + 1])
-                }
-                Rope::None => (1.0, 0.0),
-            });
+            transform_row(
+                row,
+                w.as_deref(),
+                a.epsilon,
+                a.norm_weight_offset,
+                dr,
+                |c| match &p.rope {
+                    Rope::Tables => (
+                        cos.as_ref().unwrap()[t * dr + c],
+                        sin.as_ref().unwrap()[t * dr + c],
+                    ),
+                    Rope::Freqs(pos) => {
+                        let i = pos[t] as usize * dr + 2 * (c % (dr / 2));
+                        let f = freqs.as_ref().unwrap();
+                        (f[i], f[i + 1])
+                    }
+                    Rope::None => (1.0, 0.0),
+                },
+            );
         }
     }
     Ok(Tensor::from_f32(p.dt, &x.index_query_raw.shape, &q))
@@ -186,20 +242,38 @@ pub struct QsaPrepareQueryParams {
 }
 
 /// Runs on the GPU: uploads, one dispatch, readback.
-pub async fn gpu(ctx: &Context, x: &QsaPrepareQueryInputs<'_>, a: &QsaPrepareQueryAttrs) -> Result<Tensor> {
+pub async fn gpu(
+    ctx: &Context,
+    x: &QsaPrepareQueryInputs<'_>,
+    a: &QsaPrepareQueryAttrs,
+) -> Result<Tensor> {
     let p = validate(x, a)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
     let q = up("index_query_raw", x.index_query_raw)?;
-    let w = x.q_norm_weight.map(|t| up("q_norm_weight", t)).transpose()?;
+    let w = x
+        .q_norm_weight
+        .map(|t| up("q_norm_weight", t))
+        .transpose()?;
     let (mode, ra, rb, pos) = match &p.rope {
         Rope::None => (0, None, None, None),
         Rope::Tables => (1, x.rope_cos, x.rope_sin, None),
-        Rope::Freqs(pos) => (2, x.freqs_cis, None, Some(Tensor::from_u32(&[pos.len()], pos))),
+        Rope::Freqs(pos) => (
+            2,
+            x.freqs_cis,
+            None,
+            Some(Tensor::from_u32(&[pos.len()], pos)),
+        ),
     };
     let ra = ra.map(|t| up("rope_a", t)).transpose()?;
     let rb = rb.map(|t| up("rope_b", t)).transpose()?;
     let pos = pos.map(|t| up("positions", &t)).transpose()?;
-    let out = GpuTensor::filled(ctx, "qsa.qsa_prepare_query.index_query", p.dt, &x.index_query_raw.shape, 0xff)?;
+    let out = GpuTensor::filled(
+        ctx,
+        "qsa.qsa_prepare_query.index_query",
+        p.dt,
+        &x.index_query_raw.shape,
+        0xff,
+    )?;
     let flags = up("flags", &Tensor::from_u32(&[1], &[0]))?;
     let prm = QsaPrepareQueryParams {
         t: p.t as u32,

@@ -10,7 +10,8 @@ pub fn ctx() -> Arc<Context> {
     static CTX: OnceLock<Arc<Context>> = OnceLock::new();
     CTX.get_or_init(|| {
         let _ = env_logger::builder().is_test(true).try_init();
-        let c = Context::new_blocking(&ContextOptions::default()).expect("a GPU adapter (lavapipe or llvmpipe GL)");
+        let c = Context::new_blocking(&ContextOptions::default())
+            .expect("a GPU adapter (lavapipe or llvmpipe GL)");
         eprintln!("adapter: {}", c.describe());
         c
     })

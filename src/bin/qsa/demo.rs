@@ -4,8 +4,12 @@
 //! index queries on the GPU, and checks both against the CPU reference.
 
 use qsa_wgpu::gpu::{Context, ContextOptions};
-use qsa_wgpu::ops::qsa_compress_paged::{self as compress, CompressMode, QsaCompressAttrs, QsaCompressInputs};
-use qsa_wgpu::ops::qsa_prepare_query::{self as query, QsaPrepareQueryAttrs, QsaPrepareQueryInputs};
+use qsa_wgpu::ops::qsa_compress_paged::{
+    self as compress, CompressMode, QsaCompressAttrs, QsaCompressInputs,
+};
+use qsa_wgpu::ops::qsa_prepare_query::{
+    self as query, QsaPrepareQueryAttrs, QsaPrepareQueryInputs,
+};
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{compare, transform_tol, Rng};
 use qsa_wgpu::{DType, Error, Result, Tensor};
@@ -32,7 +36,13 @@ pub struct DemoArgs {
 
 impl Default for DemoArgs {
     fn default() -> Self {
-        DemoArgs { seqs: 3, prefill: 2048, chunk: 512, decode: 16, dtype: "bf16".into() }
+        DemoArgs {
+            seqs: 3,
+            prefill: 2048,
+            chunk: 512,
+            decode: 16,
+            dtype: "bf16".into(),
+        }
     }
 }
 
@@ -59,11 +69,19 @@ fn freqs_cis(dt: DType, positions: usize) -> Tensor {
 pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
     let dt = DType::parse(&args.dtype)
         .filter(|d| d.is_float())
-        .ok_or_else(|| Error::attr("demo", "dtype", format!("{:?} is not f32, f16 or bf16", args.dtype)))?;
+        .ok_or_else(|| {
+            Error::attr(
+                "demo",
+                "dtype",
+                format!("{:?} is not f32, f16 or bf16", args.dtype),
+            )
+        })?;
     if args.seqs == 0 || args.chunk == 0 {
         return Err(Error::attr("demo", "seqs/chunk", "must be >= 1"));
     }
-    let ctx = Context::new_blocking(&ContextOptions { backends: backend.clone() })?;
+    let ctx = Context::new_blocking(&ContextOptions {
+        backends: backend.clone(),
+    })?;
     println!("qsa demo: {} ", ctx.describe());
     println!(
         "layer: Hi={HI} Di={DI} Dr={DR} r={R} page={PAGE} {dt}; {} sequences, prefill {} in chunks of {}, {} decode steps",
@@ -129,8 +147,13 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
             };
             let rows = step * args.seqs;
             let q_raw = rng.tensor(dt, &[rows, HI, DI]);
-            let positions: Vec<i32> =
-                (0..args.seqs).flat_map(|n| (0..step).map(|j| (cached[n] as usize + j) as i32).collect::<Vec<_>>()).collect();
+            let positions: Vec<i32> = (0..args.seqs)
+                .flat_map(|n| {
+                    (0..step)
+                        .map(|j| (cached[n] as usize + j) as i32)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
             let pos_t = Tensor::from_i32(&[rows], &positions);
             let qx = QsaPrepareQueryInputs {
                 index_query_raw: &q_raw,
@@ -140,17 +163,27 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
                 freqs_cis: Some(&freqs),
                 positions: Some(&pos_t),
             };
-            let qa = QsaPrepareQueryAttrs { epsilon: 1e-6, norm_weight_offset: 1.0, rotary_dim: Some(DR) };
+            let qa = QsaPrepareQueryAttrs {
+                epsilon: 1e-6,
+                norm_weight_offset: 1.0,
+                rotary_dim: Some(DR),
+            };
             let g0 = Instant::now();
             let got_keys = pollster::block_on(compress::gpu(&ctx, &x, &a))?;
             let got_q = pollster::block_on(query::gpu(&ctx, &qx, &qa))?;
             gpu_ms.push(g0.elapsed().as_secs_f64() * 1e3);
             let want_keys = compress::cpu(&x, &a)?;
             let want_q = query::cpu(&qx, &qa)?;
-            compare(&got_keys, &want_keys, tol)
-                .map_err(|e| Error::Gpu(format!("{phase} step {steps}: block keys differ from the CPU reference: {e}")))?;
-            compare(&got_q, &want_q, tol)
-                .map_err(|e| Error::Gpu(format!("{phase} step {steps}: index queries differ from the CPU reference: {e}")))?;
+            compare(&got_keys, &want_keys, tol).map_err(|e| {
+                Error::Gpu(format!(
+                    "{phase} step {steps}: block keys differ from the CPU reference: {e}"
+                ))
+            })?;
+            compare(&got_q, &want_q, tol).map_err(|e| {
+                Error::Gpu(format!(
+                    "{phase} step {steps}: index queries differ from the CPU reference: {e}"
+                ))
+            })?;
             checked += got_keys.numel() + got_q.numel();
             block_keys = want_keys;
             steps += 1;

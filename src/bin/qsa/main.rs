@@ -11,7 +11,11 @@ use qsa_wgpu::{Error, Result};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "qsa", version, about = "Sparse-attention indexers (QSA, DSA, NSA) on any GPU through wgpu")]
+#[command(
+    name = "qsa",
+    version,
+    about = "Sparse-attention indexers (QSA, DSA, NSA) on any GPU through wgpu"
+)]
 struct Cli {
     /// Backends to use: vulkan, gl, metal, dx12 (comma-separated); default: WGPU_BACKEND or all.
     #[arg(long, global = true)]
@@ -40,7 +44,9 @@ enum Cmd {
 }
 
 fn context(backend: &Option<String>) -> Result<std::sync::Arc<Context>> {
-    Context::new_blocking(&ContextOptions { backends: backend.clone() })
+    Context::new_blocking(&ContextOptions {
+        backends: backend.clone(),
+    })
 }
 
 fn info(backend: &Option<String>) -> Result<()> {
@@ -55,12 +61,27 @@ fn info(backend: &Option<String>) -> Result<()> {
         ctx.caps.shader_f16, ctx.caps.subgroups, ctx.caps.timestamps
     );
     let l = &ctx.limits;
-    println!("limits       max_storage_buffer_binding_size {}", l.max_storage_buffer_binding_size);
+    println!(
+        "limits       max_storage_buffer_binding_size {}",
+        l.max_storage_buffer_binding_size
+    );
     println!("             max_buffer_size {}", l.max_buffer_size);
-    println!("             max_storage_buffers_per_shader_stage {}", l.max_storage_buffers_per_shader_stage);
-    println!("             max_compute_workgroup_storage_size {}", l.max_compute_workgroup_storage_size);
-    println!("             max_compute_invocations_per_workgroup {}", l.max_compute_invocations_per_workgroup);
-    println!("             max_compute_workgroups_per_dimension {}", l.max_compute_workgroups_per_dimension);
+    println!(
+        "             max_storage_buffers_per_shader_stage {}",
+        l.max_storage_buffers_per_shader_stage
+    );
+    println!(
+        "             max_compute_workgroup_storage_size {}",
+        l.max_compute_workgroup_storage_size
+    );
+    println!(
+        "             max_compute_invocations_per_workgroup {}",
+        l.max_compute_invocations_per_workgroup
+    );
+    println!(
+        "             max_compute_workgroups_per_dimension {}",
+        l.max_compute_workgroups_per_dimension
+    );
     println!("operators    {}", ops::NAMES.join(", "));
     Ok(())
 }
@@ -76,10 +97,16 @@ fn run_case(backend: &Option<String>, case: &str, output: &str, cpu: bool) -> Re
     let bytes = serialize(&out, None)?;
     // Write beside the target, then rename: a failed write leaves no partial output file.
     let tmp = format!("{output}.partial");
-    std::fs::write(&tmp, &bytes).map_err(|source| Error::Io { path: tmp.clone(), source })?;
+    std::fs::write(&tmp, &bytes).map_err(|source| Error::Io {
+        path: tmp.clone(),
+        source,
+    })?;
     std::fs::rename(&tmp, output).map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        Error::Io { path: output.to_string(), source }
+        Error::Io {
+            path: output.to_string(),
+            source,
+        }
     })?;
     eprintln!("{}: wrote {} tensors to {output}", c.op, out.len());
     Ok(())
