@@ -30,6 +30,14 @@ pub const FILES: &[(&str, &str)] = &[
         "qsa_prepare_query.wgsl",
         include_str!("../shaders/qsa_prepare_query.wgsl"),
     ),
+    (
+        "block_score.wgsl",
+        include_str!("../shaders/block_score.wgsl"),
+    ),
+    (
+        "expand_route.wgsl",
+        include_str!("../shaders/expand_route.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

@@ -2,7 +2,9 @@
 //! GPU, for each storage type; every `<Op>Params` struct is checked against naga's layout of
 //! its WGSL twin. All failures are reported together, each with its shader's name.
 
-use qsa_wgpu::ops::{qsa_compress_paged, qsa_prepare, qsa_prepare_query};
+use qsa_wgpu::ops::{
+    block_score, expand_route, qsa_compress_paged, qsa_prepare, qsa_prepare_query,
+};
 use qsa_wgpu::shaders;
 
 fn translate(name: &str, t_kind: u32) -> Result<(), String> {
@@ -15,7 +17,14 @@ fn translate(name: &str, t_kind: u32) -> Result<(), String> {
     .validate(&module)
     .map_err(|e| format!("validate: {e:?}"))?;
     let mut consts = naga::back::PipelineConstants::default();
-    consts.insert("T_KIND".to_string(), t_kind as f64);
+    // Shaders without activations (integer-only stages) have no T_KIND override.
+    if module
+        .overrides
+        .iter()
+        .any(|(_, o)| o.name.as_deref() == Some("T_KIND"))
+    {
+        consts.insert("T_KIND".to_string(), t_kind as f64);
+    }
     let ep = module.entry_points[0].name.clone();
     let (module, info) = naga::back::pipeline_constants::process_overrides(
         &module,
@@ -166,5 +175,30 @@ fn params_structs_match_wgsl_layout() {
         qsa_prepare_query::QsaPrepareQueryParams,
         "QsaPrepareQueryParams",
         [t, hi, di, dr, rope_mode, norm_on, freq_rows, _pad0, eps, offset, _pad1, _pad2]
+    );
+    check_params!(
+        "block_score",
+        block_score::BlockScoreParams,
+        "BlockScoreParams",
+        [
+            t_total,
+            row_base,
+            rows,
+            n,
+            hi,
+            hs,
+            di,
+            r,
+            max_blocks,
+            has_counts,
+            has_weights,
+            scale
+        ]
+    );
+    check_params!(
+        "expand_route",
+        expand_route::ExpandRouteParams,
+        "ExpandRouteParams",
+        [t, hs, k, r, width, _pad0, _pad1, _pad2]
     );
 }

@@ -1,7 +1,9 @@
 //! The operators of the contract, one module each (params, validation, CPU reference, GPU
 //! encode), and the registry that runs one by name on a map of named tensors.
 
+pub mod block_score;
 pub mod common;
+pub mod expand_route;
 pub mod qsa_compress_paged;
 pub mod qsa_prepare;
 pub mod qsa_prepare_query;
@@ -15,6 +17,8 @@ pub const NAMES: &[&str] = &[
     qsa_prepare::OP,
     qsa_compress_paged::OP,
     qsa_prepare_query::OP,
+    block_score::OP,
+    expand_route::OP,
 ];
 
 /// Runs operator `op` on named inputs and attributes; returns the named outputs.
@@ -51,6 +55,24 @@ pub async fn run(
                 Exec::Gpu(ctx) => qsa_prepare_query::gpu(ctx, &x, &a).await?,
             };
             Ok(TensorMap::from([("index_query".to_string(), out)]))
+        }
+        block_score::OP => {
+            let a = block_score::BlockScoreAttrs::from_map(attrs)?;
+            let x = block_score::BlockScoreInputs::from_map(inputs)?;
+            let out = match exec {
+                Exec::Cpu => block_score::cpu(&x, &a)?,
+                Exec::Gpu(ctx) => block_score::gpu(ctx, &x, &a).await?,
+            };
+            Ok(TensorMap::from([("scores".to_string(), out)]))
+        }
+        expand_route::OP => {
+            let r = expand_route::ratio_from_map(attrs)?;
+            let x = expand_route::ExpandRouteInputs::from_map(inputs)?;
+            let out = match exec {
+                Exec::Cpu => expand_route::cpu(&x, r)?,
+                Exec::Gpu(ctx) => expand_route::gpu(ctx, &x, r).await?,
+            };
+            Ok(out.into_map())
         }
         other => Err(Error::UnknownOp(other.to_string(), NAMES.join(", "))),
     }
