@@ -5,6 +5,7 @@
 pub mod case;
 pub mod error;
 pub mod gpu;
+pub mod indexer;
 pub mod ops;
 pub mod paged;
 pub mod shaders;

@@ -31,6 +31,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/qsa_prepare_query.wgsl"),
     ),
     (
+        "block_topk.wgsl",
+        include_str!("../shaders/block_topk.wgsl"),
+    ),
+    (
         "block_score.wgsl",
         include_str!("../shaders/block_score.wgsl"),
     ),

@@ -3,7 +3,7 @@
 //! its WGSL twin. All failures are reported together, each with its shader's name.
 
 use qsa_wgpu::ops::{
-    block_score, expand_route, qsa_compress_paged, qsa_prepare, qsa_prepare_query,
+    block_score, block_topk, expand_route, qsa_compress_paged, qsa_prepare, qsa_prepare_query,
 };
 use qsa_wgpu::shaders;
 
@@ -175,6 +175,12 @@ fn params_structs_match_wgsl_layout() {
         qsa_prepare_query::QsaPrepareQueryParams,
         "QsaPrepareQueryParams",
         [t, hi, di, dr, rope_mode, norm_on, freq_rows, _pad0, eps, offset, _pad1, _pad2]
+    );
+    check_params!(
+        "block_topk",
+        block_topk::BlockTopkParams,
+        "BlockTopkParams",
+        [rows, w, k, _pad0]
     );
     check_params!(
         "block_score",

@@ -2,6 +2,7 @@
 //! encode), and the registry that runs one by name on a map of named tensors.
 
 pub mod block_score;
+pub mod block_topk;
 pub mod common;
 pub mod expand_route;
 pub mod qsa_compress_paged;
@@ -19,6 +20,7 @@ pub const NAMES: &[&str] = &[
     qsa_prepare_query::OP,
     block_score::OP,
     expand_route::OP,
+    block_topk::OP,
 ];
 
 /// Runs operator `op` on named inputs and attributes; returns the named outputs.
@@ -55,6 +57,15 @@ pub async fn run(
                 Exec::Gpu(ctx) => qsa_prepare_query::gpu(ctx, &x, &a).await?,
             };
             Ok(TensorMap::from([("index_query".to_string(), out)]))
+        }
+        block_topk::OP => {
+            let a = block_topk::BlockTopkAttrs::from_map(attrs)?;
+            let x = block_topk::BlockTopkInputs::from_map(inputs)?;
+            let out = match exec {
+                Exec::Cpu => block_topk::cpu(&x, &a)?,
+                Exec::Gpu(ctx) => block_topk::gpu(ctx, &x, &a).await?,
+            };
+            Ok(out.into_map())
         }
         block_score::OP => {
             let a = block_score::BlockScoreAttrs::from_map(attrs)?;

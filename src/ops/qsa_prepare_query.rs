@@ -241,6 +241,46 @@ pub struct QsaPrepareQueryParams {
     pub _pad2: u32,
 }
 
+/// Device buffers of one query-prep dispatch (the context's dummy buffer where unused).
+pub struct QueryBuffers<'a> {
+    pub q_raw: &'a wgpu::Buffer,
+    pub weight: &'a wgpu::Buffer,
+    pub rope_a: &'a wgpu::Buffer,
+    pub rope_b: &'a wgpu::Buffer,
+    pub positions: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+    pub flags: &'a wgpu::Buffer,
+}
+
+/// Records one query-prep dispatch.
+pub async fn encode_query(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &QsaPrepareQueryParams,
+    b: &QueryBuffers<'_>,
+) -> Result<()> {
+    encode(
+        ctx,
+        enc,
+        Dispatch {
+            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+            params: bytemuck::bytes_of(prm),
+            buffers: vec![
+                b.q_raw,
+                b.weight,
+                b.rope_a,
+                b.rope_b,
+                b.positions,
+                b.out,
+                b.flags,
+            ],
+            groups: prm.t * prm.hi,
+        },
+    )
+    .await
+}
+
 /// Runs on the GPU: uploads, one dispatch, readback.
 pub async fn gpu(
     ctx: &Context,
@@ -289,25 +329,16 @@ pub async fn gpu(
     };
     let d = &ctx.dummy;
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    encode(
-        ctx,
-        &mut enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", p.dt.shader_kind()),
-            params: bytemuck::bytes_of(&prm),
-            buffers: vec![
-                &q.buffer,
-                w.as_ref().map_or(d, |b| &b.buffer),
-                ra.as_ref().map_or(d, |b| &b.buffer),
-                rb.as_ref().map_or(d, |b| &b.buffer),
-                pos.as_ref().map_or(d, |b| &b.buffer),
-                &out.buffer,
-                &flags.buffer,
-            ],
-            groups: (p.t * p.hi) as u32,
-        },
-    )
-    .await?;
+    let bufs = QueryBuffers {
+        q_raw: &q.buffer,
+        weight: w.as_ref().map_or(d, |b| &b.buffer),
+        rope_a: ra.as_ref().map_or(d, |b| &b.buffer),
+        rope_b: rb.as_ref().map_or(d, |b| &b.buffer),
+        positions: pos.as_ref().map_or(d, |b| &b.buffer),
+        out: &out.buffer,
+        flags: &flags.buffer,
+    };
+    encode_query(ctx, &mut enc, p.dt, &prm, &bufs).await?;
     ctx.submit(OP, enc).await?;
     let got = Readback::new(ctx, &[(&out.buffer, out.bytes()), (&flags.buffer, 4)])
         .await_all(ctx)

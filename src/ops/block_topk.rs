@@ -1,0 +1,303 @@
+//! `block_topk` (SPEC §5): the k best candidate blocks of each score row, in the top-k order of
+//! SPEC §0, then -1, and their count. Shader: `shaders/block_topk.wgsl` (radix select of the
+//! threshold, then a bitonic sort of the at most k selected entries, one workgroup per row).
+
+use super::common::*;
+use crate::error::{Error, Result};
+use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::tensor::{DType, Tensor};
+use std::cmp::Ordering;
+
+pub const OP: &str = "block_topk";
+
+/// Largest k: the shader sorts the selection in workgroup memory (`MAX_K` in the WGSL).
+pub const MAX_K: usize = 2048;
+/// Largest row width: the shader keys ties by a 16-bit column index.
+pub const MAX_W: usize = 65536;
+
+/// Attributes of `block_topk`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockTopkAttrs {
+    pub k: usize,
+}
+
+impl BlockTopkAttrs {
+    /// Either `k`, or OpenVINO's `token_budget` with `ratio` (k = token_budget / ratio,
+    /// integer division as everywhere in the contract); not both.
+    pub fn from_map(a: &AttrMap) -> Result<Self> {
+        let given = |n: &str| a.get(n).is_some_and(|v| !v.is_null());
+        let k = match (given("k"), given("token_budget")) {
+            (true, true) => {
+                return Err(Error::attr(
+                    OP,
+                    "token_budget",
+                    "give k or token_budget (with ratio), not both",
+                ));
+            }
+            (false, false) => {
+                return Err(Error::attr(
+                    OP,
+                    "k",
+                    "required attribute is missing (or give token_budget and ratio)",
+                ));
+            }
+            (true, false) => {
+                let k = attr_int(OP, a, "k", None)?;
+                if k < 1 {
+                    return Err(Error::attr(OP, "k", format!("must be >= 1, got {k}")));
+                }
+                k
+            }
+            (false, true) => {
+                let budget = attr_int(OP, a, "token_budget", None)?;
+                let ratio = attr_int(OP, a, "ratio", None)?;
+                if ratio < 1 {
+                    return Err(Error::attr(
+                        OP,
+                        "ratio",
+                        format!("must be >= 1, got {ratio}"),
+                    ));
+                }
+                if budget < ratio {
+                    return Err(Error::attr(
+                        OP,
+                        "token_budget",
+                        format!("{budget} / ratio {ratio} leaves no block (k must be >= 1)"),
+                    ));
+                }
+                budget / ratio
+            }
+        };
+        Ok(BlockTopkAttrs {
+            k: usize::try_from(k).unwrap_or(usize::MAX),
+        })
+    }
+}
+
+/// Inputs of `block_topk`.
+pub struct BlockTopkInputs<'a> {
+    pub scores: &'a Tensor,
+}
+
+impl<'a> BlockTopkInputs<'a> {
+    pub fn from_map(m: &'a TensorMap) -> Result<Self> {
+        Ok(BlockTopkInputs {
+            scores: req(OP, m, "scores")?,
+        })
+    }
+}
+
+/// Outputs of `block_topk`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockTopkOutputs {
+    /// `[T, Hs, k]` i32.
+    pub block_indices: Tensor,
+    /// `[T, Hs]` i32.
+    pub block_count: Tensor,
+}
+
+impl BlockTopkOutputs {
+    pub fn into_map(self) -> TensorMap {
+        TensorMap::from([
+            ("block_indices".to_string(), self.block_indices),
+            ("block_count".to_string(), self.block_count),
+        ])
+    }
+}
+
+/// The checked geometry of one call.
+pub struct Plan {
+    pub t: usize,
+    pub hs: usize,
+    pub w: usize,
+    pub k: usize,
+}
+
+impl Plan {
+    /// The shader's parameters for this call.
+    pub fn params(&self) -> BlockTopkParams {
+        BlockTopkParams {
+            rows: (self.t * self.hs) as u32,
+            w: self.w as u32,
+            k: self.k as u32,
+            _pad0: 0,
+        }
+    }
+}
+
+/// Every host-checkable rule of SPEC §5.
+pub fn validate(x: &BlockTopkInputs, a: &BlockTopkAttrs) -> Result<Plan> {
+    if x.scores.dtype != DType::F32 {
+        return Err(Error::input(
+            OP,
+            "scores",
+            format!("dtype {} must be f32", x.scores.dtype),
+        ));
+    }
+    let &[t, hs, w] = rank(OP, "scores", x.scores, 3)? else {
+        unreachable!()
+    };
+    if w > MAX_W {
+        return Err(Error::input(
+            OP,
+            "scores",
+            format!("row width W = {w} exceeds {MAX_W}"),
+        ));
+    }
+    if a.k == 0 || a.k > MAX_K {
+        return Err(Error::attr(
+            OP,
+            "k",
+            format!("must be in 1..={MAX_K}, got {}", a.k),
+        ));
+    }
+    // Element offsets are u32 in the shader.
+    let rows = t.saturating_mul(hs);
+    if rows.saturating_mul(w.max(a.k)) > u32::MAX as usize {
+        return Err(Error::input(
+            OP,
+            "scores",
+            format!(
+                "{rows} rows of max(W, k) = {} exceed 2^32 elements",
+                w.max(a.k)
+            ),
+        ));
+    }
+    Ok(Plan { t, hs, w, k: a.k })
+}
+
+/// The contract's order of two candidate scores: descending, NaN after every number.
+fn rank_order(a: f32, b: f32) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        (false, false) => b.partial_cmp(&a).unwrap(),
+    }
+}
+
+/// The CPU reference: a stable sort of each row's candidates (so ties keep the lower column).
+pub fn cpu(x: &BlockTopkInputs, a: &BlockTopkAttrs) -> Result<BlockTopkOutputs> {
+    let p = validate(x, a)?;
+    let s = x.scores.to_f32();
+    let rows = p.t * p.hs;
+    let mut idx = vec![-1i32; rows * p.k];
+    let mut cnt = vec![0i32; rows];
+    for r in 0..rows {
+        let row = &s[r * p.w..][..p.w];
+        let mut cand: Vec<usize> = (0..p.w).filter(|&c| row[c] != f32::NEG_INFINITY).collect();
+        cand.sort_by(|&i, &j| rank_order(row[i], row[j]));
+        cand.truncate(p.k);
+        for (slot, &c) in cand.iter().enumerate() {
+            idx[r * p.k + slot] = c as i32;
+        }
+        cnt[r] = cand.len() as i32;
+    }
+    Ok(BlockTopkOutputs {
+        block_indices: Tensor::from_i32(&[p.t, p.hs, p.k], &idx),
+        block_count: Tensor::from_i32(&[p.t, p.hs], &cnt),
+    })
+}
+
+/// Uniform parameters; layout checked against the WGSL struct by a test.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BlockTopkParams {
+    /// T · Hs.
+    pub rows: u32,
+    pub w: u32,
+    pub k: u32,
+    pub _pad0: u32,
+}
+
+/// Records the selection over device buffers: `scores [rows, w]` f32, `indices [rows, k]` i32
+/// and `count [rows]` i32 (every slot of both is written). For orchestrators that keep the
+/// scores on the device.
+pub async fn encode_topk(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    params: &BlockTopkParams,
+    scores: &wgpu::Buffer,
+    indices: &wgpu::Buffer,
+    count: &wgpu::Buffer,
+) -> Result<()> {
+    let (rows, w, k) = (params.rows as u64, params.w as u64, params.k as u64);
+    if params.k == 0 || k > MAX_K as u64 {
+        return Err(Error::attr(
+            OP,
+            "k",
+            format!("must be in 1..={MAX_K}, got {k}"),
+        ));
+    }
+    if w > MAX_W as u64 {
+        return Err(Error::input(
+            OP,
+            "scores",
+            format!("row width W = {w} exceeds {MAX_W}"),
+        ));
+    }
+    for (name, buf, need) in [
+        ("scores", scores, rows * w * 4),
+        ("block_indices", indices, rows * k * 4),
+        ("block_count", count, rows * 4),
+    ] {
+        ctx.check_binding_size(OP, name, need)?;
+        if buf.size() < need {
+            return Err(Error::input(
+                OP,
+                name,
+                format!("buffer holds {} bytes, {rows} rows need {need}", buf.size()),
+            ));
+        }
+    }
+    encode(
+        ctx,
+        enc,
+        Dispatch {
+            key: PipelineKey::new(OP, "main"),
+            params: bytemuck::bytes_of(params),
+            buffers: vec![scores, indices, count],
+            groups: params.rows,
+        },
+    )
+    .await
+}
+
+/// Runs on the GPU: upload, one dispatch, readback.
+pub async fn gpu(
+    ctx: &Context,
+    x: &BlockTopkInputs<'_>,
+    a: &BlockTopkAttrs,
+) -> Result<BlockTopkOutputs> {
+    let p = validate(x, a)?;
+    let scores = GpuTensor::upload(ctx, &format!("qsa.{OP}.scores"), x.scores)?;
+    // Sentinel 0x7f7f7f7f rather than 0xff..: all-ones is -1, the padding value itself, so a
+    // missed padding write would pass unseen.
+    let sentinel = |name: &str, shape: &[usize]| {
+        GpuTensor::filled(ctx, &format!("qsa.{OP}.{name}"), DType::I32, shape, 0x7f)
+    };
+    let idx = sentinel("block_indices", &[p.t, p.hs, p.k])?;
+    let cnt = sentinel("block_count", &[p.t, p.hs])?;
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    encode_topk(
+        ctx,
+        &mut enc,
+        &p.params(),
+        &scores.buffer,
+        &idx.buffer,
+        &cnt.buffer,
+    )
+    .await?;
+    ctx.submit(OP, enc).await?;
+    let got = Readback::new(
+        ctx,
+        &[(&idx.buffer, idx.bytes()), (&cnt.buffer, cnt.bytes())],
+    )
+    .await_all(ctx)
+    .await?;
+    let mut it = got.into_iter();
+    Ok(BlockTopkOutputs {
+        block_indices: Tensor::from_bytes(DType::I32, &idx.shape, it.next().unwrap())?,
+        block_count: Tensor::from_bytes(DType::I32, &cnt.shape, it.next().unwrap())?,
+    })
+}

@@ -1,0 +1,331 @@
+//! block_topk: GPU against the CPU reference (exact: the outputs are integers) over ties, NaN,
+//! ±0, denormals, -inf masks, k > candidates, k > W and awkward widths; the CPU reference
+//! itself against hand-written answers; bad attributes and inputs.
+
+mod util;
+
+use qsa_wgpu::ops::block_topk::{cpu, gpu, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs};
+use qsa_wgpu::ops::{run_blocking, AttrMap, Exec, TensorMap};
+use qsa_wgpu::testing::Rng;
+use qsa_wgpu::{DType, Tensor};
+use serde_json::json;
+
+const NEG_INF: f32 = f32::NEG_INFINITY;
+
+fn run_both(scores: &[f32], shape: [usize; 3], k: usize) -> (BlockTopkOutputs, BlockTopkOutputs) {
+    let s = Tensor::from_f32(DType::F32, &shape, scores);
+    let x = BlockTopkInputs { scores: &s };
+    let a = BlockTopkAttrs { k };
+    let want = cpu(&x, &a).unwrap();
+    let got = pollster::block_on(gpu(&util::ctx(), &x, &a)).unwrap();
+    (got, want)
+}
+
+fn check(scores: &[f32], shape: [usize; 3], k: usize, what: &str) {
+    let (got, want) = run_both(scores, shape, k);
+    assert_eq!(got.block_count, want.block_count, "{what}: block_count");
+    let (g, w) = (got.block_indices.to_i32(), want.block_indices.to_i32());
+    if let Some(i) = (0..g.len()).find(|&i| g[i] != w[i]) {
+        let failing = g.iter().zip(&w).filter(|(a, b)| a != b).count();
+        panic!(
+            "{what}: block_indices: {failing} of {} differ; first at row {}, slot {}: got {}, want {}",
+            g.len(),
+            i / k,
+            i % k,
+            g[i],
+            w[i]
+        );
+    }
+}
+
+/// A row of `w` scores drawn from a few values (many ties), with NaN, ±0, denormals and -inf.
+fn tied_row(rng: &mut Rng, w: usize, masked_pct: usize) -> Vec<f32> {
+    const VALUES: [f32; 9] = [-1.0, 0.0, -0.0, 0.5, 2.0, 1e-45, -1e-45, f32::NAN, 3.5];
+    (0..w)
+        .map(|_| {
+            if rng.below(100) < masked_pct {
+                NEG_INF
+            } else {
+                VALUES[rng.below(VALUES.len())]
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn hand_checked_tiny() {
+    let nan = f32::NAN;
+    // Row 0: two tied 3.0 (lower column first), then 1.0, 0.5, then the NaN; -inf is dropped.
+    // Row 1: ±0 tie, denormals on both sides of it, two NaNs (by column).
+    // Row 2: all -inf.
+    #[rustfmt::skip]
+    let scores = [
+        1.0, nan, 3.0, NEG_INF, 3.0, 0.5,
+        -0.0, 0.0, -1e-45, 1e-45, nan, -nan,
+        NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF,
+    ];
+    #[rustfmt::skip]
+    let cases: [(usize, &[i32], &[i32]); 3] = [
+        (7, &[2, 4, 0, 5, 1, -1, -1,
+              3, 0, 1, 2, 4, 5, -1,
+              -1, -1, -1, -1, -1, -1, -1], &[5, 6, 0]),
+        (3, &[2, 4, 0,
+              3, 0, 1,
+              -1, -1, -1], &[3, 3, 0]),
+        (1, &[2, 3, -1], &[1, 1, 0]),
+    ];
+    for (k, indices, count) in cases {
+        let (got, want) = run_both(&scores, [1, 3, 6], k);
+        assert_eq!(
+            want.block_indices,
+            Tensor::from_i32(&[1, 3, k], indices),
+            "cpu k={k}"
+        );
+        assert_eq!(
+            want.block_count,
+            Tensor::from_i32(&[1, 3], count),
+            "cpu k={k}"
+        );
+        assert_eq!(got, want, "gpu k={k}");
+    }
+}
+
+#[test]
+fn gpu_matches_cpu_with_ties_nan_and_masks() {
+    let mut rng = Rng::new(23);
+    // (T, Hs, W, k, percent of -inf)
+    let cases: &[(usize, usize, usize, usize, usize)] = &[
+        (3, 2, 1757, 1, 0),
+        (3, 2, 1757, 7, 10),
+        (2, 3, 1757, 300, 50),
+        (2, 2, 1757, 2048, 20),
+        (4, 1, 1757, 64, 97),
+        (5, 2, 3, 1, 30),
+        (5, 2, 3, 5, 30),
+        (3, 1, 1, 4, 50),
+        (2, 2, 300, 256, 0),
+        (2, 1, 513, 512, 0),
+        (1, 2, 65536, 2048, 5),
+        (0, 2, 5, 3, 0),
+        (2, 1, 0, 4, 0),
+    ];
+    for &(t, hs, w, k, masked) in cases {
+        let mut scores = Vec::with_capacity(t * hs * w);
+        for r in 0..t * hs {
+            // Every third row is fully masked except in the 100 % cases above.
+            let m = if r % 3 == 2 { 100 } else { masked };
+            scores.extend(tied_row(&mut rng, w, m));
+        }
+        check(
+            &scores,
+            [t, hs, w],
+            k,
+            &format!("ties T={t} Hs={hs} W={w} k={k} masked={masked}%"),
+        );
+    }
+}
+
+#[test]
+fn gpu_matches_cpu_on_distinct_scores() {
+    let mut rng = Rng::new(5);
+    for (t, hs, w, k) in [(2, 2, 5000, 512), (1, 2, 65536, 2048), (3, 4, 1757, 100)] {
+        let mut scores = rng.normals(t * hs * w);
+        // A causal-style mask: row r sees only its first few columns.
+        for r in 0..t * hs {
+            let vis = (w * (r + 1)) / (t * hs);
+            scores[r * w + vis..(r + 1) * w].fill(NEG_INF);
+        }
+        check(
+            &scores,
+            [t, hs, w],
+            k,
+            &format!("distinct T={t} Hs={hs} W={w} k={k}"),
+        );
+    }
+}
+
+#[test]
+fn gpu_matches_cpu_on_sign_extremes() {
+    // Values chosen to stress single radix digits: equal high bytes, extremes, all-equal rows.
+    let mut rng = Rng::new(77);
+    let pool = [
+        f32::MAX,
+        -f32::MAX,
+        f32::INFINITY,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        1.0,
+        1.0000001,
+        0.99999994,
+    ];
+    let (t, hs, w, k) = (4, 2, 1000, 333);
+    let mut scores: Vec<f32> = (0..t * hs * w)
+        .map(|_| pool[rng.below(pool.len())])
+        .collect();
+    scores[..w].fill(7.0); // one all-equal row: the k lowest columns, in order
+    scores[w..2 * w].fill(f32::NAN); // one all-NaN row
+    check(&scores, [t, hs, w], k, "sign extremes");
+}
+
+#[test]
+fn widest_rows_and_column_65535() {
+    let w = 65536;
+    let mut scores = vec![1.0f32; 3 * w]; // row 0: all equal, so columns 0 .. k-1
+    scores[w..2 * w].fill(NEG_INF); // row 1: only the last and the first column
+    scores[2 * w - 1] = 2.0;
+    scores[w] = 1.0;
+    scores[2 * w..].fill(f32::NAN); // row 2: all NaN but one number; the last column masked
+    scores[2 * w + 40000] = -5.0;
+    scores[3 * w - 1] = NEG_INF;
+    let k = 2048;
+    let (got, want) = run_both(&scores, [1, 3, w], k);
+    let mut expect = vec![-1; 3 * k];
+    for (s, v) in expect[..k].iter_mut().enumerate() {
+        *v = s as i32;
+    }
+    expect[k] = 65535;
+    expect[k + 1] = 0;
+    expect[2 * k] = 40000;
+    for (s, v) in expect[2 * k + 1..].iter_mut().enumerate() {
+        *v = s as i32;
+    }
+    assert_eq!(
+        want.block_indices,
+        Tensor::from_i32(&[1, 3, k], &expect),
+        "cpu"
+    );
+    assert_eq!(
+        want.block_count,
+        Tensor::from_i32(&[1, 3], &[2048, 2, 2048]),
+        "cpu"
+    );
+    assert_eq!(got, want, "gpu");
+}
+
+#[test]
+fn more_rows_than_one_grid_dimension() {
+    // 65,600 rows > 65,535 workgroups per dimension: the dispatch is split over x and y. Rows
+    // are tiny because each workgroup costs ~0.1 ms on lavapipe whatever its row.
+    let mut rng = Rng::new(3);
+    let (t, hs, w, k) = (32_800, 2, 3, 3);
+    let limit = util::ctx().limits.max_compute_workgroups_per_dimension as usize;
+    assert!(
+        t * hs > limit,
+        "{} rows fit one grid dimension of {limit}",
+        t * hs
+    );
+    let scores: Vec<f32> = (0..t * hs * w)
+        .flat_map(|_| tied_row(&mut rng, 1, 20))
+        .collect();
+    check(&scores, [t, hs, w], k, "65,600 rows");
+}
+
+fn attrs(pairs: &[(&str, serde_json::Value)]) -> AttrMap {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+#[test]
+fn attributes_and_registry() {
+    let k = |a: &AttrMap| BlockTopkAttrs::from_map(a).map(|a| a.k);
+    assert_eq!(k(&attrs(&[("k", json!(16))])).unwrap(), 16);
+    assert_eq!(
+        k(&attrs(&[
+            ("token_budget", json!(2048)),
+            ("ratio", json!(4))
+        ]))
+        .unwrap(),
+        512
+    );
+    // The registry runs it by name and names both outputs.
+    let m = TensorMap::from([(
+        "scores".to_string(),
+        Tensor::from_f32(DType::F32, &[1, 1, 4], &[0.0, 2.0, NEG_INF, 1.0]),
+    )]);
+    let a = attrs(&[("k", json!(3))]);
+    let cpu_out = run_blocking("block_topk", &m, &a, Exec::Cpu).unwrap();
+    let gpu_out = run_blocking("block_topk", &m, &a, Exec::Gpu(&util::ctx())).unwrap();
+    assert_eq!(
+        cpu_out["block_indices"],
+        Tensor::from_i32(&[1, 1, 3], &[1, 3, 0])
+    );
+    assert_eq!(cpu_out["block_count"], Tensor::from_i32(&[1, 1], &[3]));
+    assert_eq!(gpu_out, cpu_out);
+}
+
+#[test]
+fn bad_inputs_name_the_operator() {
+    let ok = Tensor::zeros(DType::F32, &[2, 1, 8]);
+    let bad_cases: Vec<(&str, Tensor, AttrMap)> = vec![
+        ("k = 0", ok.clone(), attrs(&[("k", json!(0))])),
+        ("k < 0", ok.clone(), attrs(&[("k", json!(-3))])),
+        ("k too large", ok.clone(), attrs(&[("k", json!(2049))])),
+        ("k not an integer", ok.clone(), attrs(&[("k", json!(1.5))])),
+        ("no k", ok.clone(), attrs(&[])),
+        (
+            "k and token_budget",
+            ok.clone(),
+            attrs(&[
+                ("k", json!(4)),
+                ("token_budget", json!(16)),
+                ("ratio", json!(4)),
+            ]),
+        ),
+        (
+            "token_budget without ratio",
+            ok.clone(),
+            attrs(&[("token_budget", json!(16))]),
+        ),
+        (
+            "token_budget < ratio",
+            ok.clone(),
+            attrs(&[("token_budget", json!(3)), ("ratio", json!(4))]),
+        ),
+        (
+            "f16 scores",
+            Tensor::zeros(DType::F16, &[2, 1, 8]),
+            attrs(&[("k", json!(4))]),
+        ),
+        (
+            "i32 scores",
+            Tensor::zeros(DType::I32, &[2, 1, 8]),
+            attrs(&[("k", json!(4))]),
+        ),
+        (
+            "rank 2",
+            Tensor::zeros(DType::F32, &[2, 8]),
+            attrs(&[("k", json!(4))]),
+        ),
+        (
+            "rank 4",
+            Tensor::zeros(DType::F32, &[1, 2, 1, 8]),
+            attrs(&[("k", json!(4))]),
+        ),
+        (
+            "W too wide",
+            Tensor::zeros(DType::F32, &[1, 1, 65537]),
+            attrs(&[("k", json!(4))]),
+        ),
+    ];
+    let ctx = util::ctx();
+    for (what, scores, a) in bad_cases {
+        let m = TensorMap::from([("scores".to_string(), scores)]);
+        for exec in [Exec::Cpu, Exec::Gpu(&ctx)] {
+            let e = run_blocking("block_topk", &m, &a, exec)
+                .expect_err(what)
+                .to_string();
+            assert!(e.starts_with("block_topk: "), "{what}: {e}");
+        }
+    }
+    let e = run_blocking(
+        "block_topk",
+        &TensorMap::new(),
+        &attrs(&[("k", json!(4))]),
+        Exec::Cpu,
+    )
+    .expect_err("missing scores")
+    .to_string();
+    assert!(e.contains("block_topk") && e.contains("scores"), "{e}");
+}
