@@ -136,6 +136,29 @@ pub fn attr_f32(op: &'static str, a: &AttrMap, name: &str, default: f32) -> Resu
     }
 }
 
+/// The `epsilon` attribute of the RMS norms: finite, ≥ 0, default 1e-6.
+pub fn attr_epsilon(op: &'static str, a: &AttrMap) -> Result<f32> {
+    let e = attr_f32(op, a, "epsilon", 1e-6)?;
+    if e < 0.0 {
+        return Err(Error::attr(op, "epsilon", format!("must be >= 0, got {e}")));
+    }
+    Ok(e)
+}
+
+/// An optional non-negative integer attribute (`None` when absent).
+pub fn attr_opt_usize(op: &'static str, a: &AttrMap, name: &str) -> Result<Option<usize>> {
+    match a.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(_) => {
+            let v = attr_int(op, a, name, None)?;
+            if v < 0 {
+                return Err(Error::attr(op, name, format!("must be >= 0, got {v}")));
+            }
+            Ok(Some(v as usize))
+        }
+    }
+}
+
 /// A string attribute, `default` when absent.
 pub fn attr_str(op: &'static str, a: &AttrMap, name: &str, default: &str) -> Result<String> {
     match a.get(name) {

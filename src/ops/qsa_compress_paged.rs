@@ -43,20 +43,7 @@ impl QsaCompressAttrs {
                 format!("must be in 2..={MAX_RATIO}, got {ratio}"),
             ));
         }
-        let rotary_dim = match a.get("rotary_dim") {
-            None => None,
-            Some(_) => {
-                let v = attr_int(OP, a, "rotary_dim", None)?;
-                if v < 0 {
-                    return Err(Error::attr(
-                        OP,
-                        "rotary_dim",
-                        format!("must be >= 0, got {v}"),
-                    ));
-                }
-                Some(v as usize)
-            }
-        };
+        let rotary_dim = attr_opt_usize(OP, a, "rotary_dim")?;
         let layer = attr_int(OP, a, "layer_idx", Some(0))?;
         if layer < 0 {
             return Err(Error::attr(
@@ -80,14 +67,7 @@ impl QsaCompressAttrs {
                 ))
             }
         };
-        let epsilon = attr_f32(OP, a, "epsilon", 1e-6)?;
-        if epsilon < 0.0 {
-            return Err(Error::attr(
-                OP,
-                "epsilon",
-                format!("must be >= 0, got {epsilon}"),
-            ));
-        }
+        let epsilon = attr_epsilon(OP, a)?;
         Ok(QsaCompressAttrs {
             ratio: ratio as usize,
             rotary_dim,

@@ -34,14 +34,7 @@ impl QsaPrepareAttrs {
                 format!("{r} is implausibly large"),
             ));
         }
-        let epsilon = attr_f32(OP, a, "epsilon", 1e-6)?;
-        if epsilon < 0.0 {
-            return Err(Error::attr(
-                OP,
-                "epsilon",
-                format!("must be >= 0, got {epsilon}"),
-            ));
-        }
+        let epsilon = attr_epsilon(OP, a)?;
         Ok(QsaPrepareAttrs {
             key_block_size: r as usize,
             epsilon,

@@ -19,28 +19,8 @@ pub struct QsaPrepareQueryAttrs {
 
 impl QsaPrepareQueryAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
-        let epsilon = attr_f32(OP, a, "epsilon", 1e-6)?;
-        if epsilon < 0.0 {
-            return Err(Error::attr(
-                OP,
-                "epsilon",
-                format!("must be >= 0, got {epsilon}"),
-            ));
-        }
-        let rotary_dim = match a.get("rotary_dim") {
-            None => None,
-            Some(_) => {
-                let v = attr_int(OP, a, "rotary_dim", None)?;
-                if v < 0 {
-                    return Err(Error::attr(
-                        OP,
-                        "rotary_dim",
-                        format!("must be >= 0, got {v}"),
-                    ));
-                }
-                Some(v as usize)
-            }
-        };
+        let epsilon = attr_epsilon(OP, a)?;
+        let rotary_dim = attr_opt_usize(OP, a, "rotary_dim")?;
         Ok(QsaPrepareQueryAttrs {
             epsilon,
             norm_weight_offset: attr_f32(OP, a, "norm_weight_offset", 0.0)?,
