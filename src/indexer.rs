@@ -8,10 +8,10 @@
 //! contributes zero rows); sequence `n` owns block-key rows `n · max_blocks …`.
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, Readback};
+use crate::gpu::{Context, GpuTensor};
 use crate::ops::block_score::{encode_score, BlockScoreParams, ScoreBuffers};
 use crate::ops::block_topk::{encode_topk, BlockTopkParams};
-use crate::ops::common::check_flags;
+use crate::ops::common::{flag_word, read_checked};
 use crate::ops::expand_route::{encode_expand, ExpandBuffers, ExpandRouteParams};
 use crate::ops::qsa_compress_paged::{encode_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{encode_query, QsaPrepareQueryParams, QueryBuffers};
@@ -78,36 +78,20 @@ pub struct StepOutputs {
 impl StepOutputs {
     /// Reads the four outputs back (and turns device flags into an error).
     pub async fn read(&self, ctx: &Context) -> Result<TensorMap> {
-        let list = [
+        let outputs = [
             &self.block_indices,
             &self.block_count,
             &self.token_indices,
             &self.token_count,
-            &self.flags,
         ];
-        let got = Readback::new(
-            ctx,
-            &list
-                .iter()
-                .map(|t| (&t.buffer, t.bytes()))
-                .collect::<Vec<_>>(),
-        )
-        .await_all(ctx)
-        .await?;
-        check_flags(OP, u32::from_le_bytes(got[4][..4].try_into().unwrap()))?;
+        let got = read_checked(ctx, OP, &outputs, &self.flags).await?;
         let names = [
             "block_indices",
             "block_count",
             "token_indices",
             "token_count",
         ];
-        let mut m = TensorMap::new();
-        for (i, name) in names.iter().enumerate() {
-            m.insert(
-                name.to_string(),
-                Tensor::from_bytes(DType::I32, &list[i].shape, got[i].clone())?,
-            );
-        }
+        let m = names.iter().map(|n| n.to_string()).zip(got).collect();
         Ok(m)
     }
 }
@@ -224,23 +208,23 @@ impl QsaIndexer {
         self.pool.append(seq, 0, 0, raw)?;
         self.pool.commit(seq, count);
         let es = self.cfg.dtype.size();
+        let ps = self.cfg.page_size;
         let table = self.pool.tables[seq].clone().unwrap();
-        for t in start..start + count {
-            let page = table[t / self.cfg.page_size] as usize;
-            let off = self
-                .pool
-                .layout
-                .offset(page, 0, 0, t % self.cfg.page_size, 0)
-                * es;
-            // write_buffer takes 4-byte multiples: a 16-bit row of odd Di is widened to whole
-            // words, copying its neighbours' (identical) bytes from the host mirror.
-            let end = (off + di * es).div_ceil(4) * 4;
-            let start4 = off / 4 * 4;
+        // One write per page touched: the K rows of one page are contiguous (one layer, one
+        // head). write_buffer takes 4-byte multiples, so a 16-bit run of odd length is widened
+        // to whole words, copying its neighbours' (identical) bytes from the host mirror.
+        let mut t = start;
+        while t < start + count {
+            let run = (ps - t % ps).min(start + count - t);
+            let page = table[t / ps] as usize;
+            let off = self.pool.layout.offset(page, 0, 0, t % ps, 0) * es;
+            let (lo, hi) = (off / 4 * 4, (off + run * di * es).div_ceil(4) * 4);
             self.ctx.queue.write_buffer(
                 &self.pool_gpu.buffer,
-                start4 as u64,
-                &self.pool.data.data[start4..end],
+                lo as u64,
+                &self.pool.data.data[lo..hi],
             );
+            t += run;
         }
         Ok(())
     }
@@ -344,7 +328,7 @@ impl QsaIndexer {
             block_count: i32s("qsa.indexer.block_count", &[t, c.hs])?,
             token_indices: i32s("qsa.indexer.token_indices", &[t, c.hs, width])?,
             token_count: i32s("qsa.indexer.token_count", &[t, c.hs])?,
-            flags: up("qsa.indexer.flags", &Tensor::from_u32(&[1], &[0]))?,
+            flags: flag_word(&ctx)?,
         };
         let mut enc = ctx
             .device

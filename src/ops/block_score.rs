@@ -4,7 +4,7 @@
 
 use super::common::*;
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::tensor::{DType, Tensor};
 
 pub const OP: &str = "block_score";
@@ -355,7 +355,7 @@ pub async fn gpu_chunked(
         .index_weights
         .map(|t| up("index_weights", t))
         .transpose()?;
-    let flags = up("flags", &Tensor::from_u32(&[1], &[0]))?;
+    let flags = flag_word(ctx)?;
     let mut chunk = rows_per_chunk(ctx, p.hs, p.max_blocks)?;
     if let Some(m) = max_chunk_rows {
         chunk = chunk.min(m.max(1));
@@ -397,11 +397,8 @@ pub async fn gpu_chunked(
         };
         encode_score(ctx, &mut enc, p.dt, &prm, &bufs).await?;
         ctx.submit(OP, enc).await?;
-        let got = Readback::new(ctx, &[(&scores.buffer, scores.bytes()), (&flags.buffer, 4)])
-            .await_all(ctx)
-            .await?;
-        check_flags(OP, u32::from_le_bytes(got[1][..4].try_into().unwrap()))?;
-        out.extend_from_slice(&got[0]);
+        let got = read_checked(ctx, OP, &[&scores], &flags).await?;
+        out.extend_from_slice(&got[0].data);
         base += rows;
         if p.t == 0 {
             break;

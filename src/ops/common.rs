@@ -2,7 +2,7 @@
 //! row transform (RMS norm + split-half RoPE) and the GPU dispatch helper.
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, PipelineKey};
+use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
 use crate::tensor::{DType, Tensor};
 use std::collections::BTreeMap;
 
@@ -324,6 +324,32 @@ pub fn check_flags(op: &'static str, flags: u32) -> Result<()> {
         op,
         msg: format!("{} (flags {flags:#x})", msg.join("; ")),
     })
+}
+
+/// A zeroed device flag word for the shaders of `shaders/common/flags.wgsl`.
+pub fn flag_word(ctx: &Context) -> Result<GpuTensor> {
+    GpuTensor::upload(ctx, "qsa.flags", &Tensor::from_u32(&[1], &[0]))
+}
+
+/// Reads `outputs` and the flag word back in one submission; a raised flag is an error naming
+/// `op`, and then no output is returned.
+pub async fn read_checked(
+    ctx: &Context,
+    op: &'static str,
+    outputs: &[&GpuTensor],
+    flags: &GpuTensor,
+) -> Result<Vec<Tensor>> {
+    let mut list: Vec<(&wgpu::Buffer, u64)> =
+        outputs.iter().map(|t| (&t.buffer, t.bytes())).collect();
+    list.push((&flags.buffer, 4));
+    let mut got = Readback::new(ctx, &list).await_all(ctx).await?;
+    let word = got.pop().unwrap();
+    check_flags(op, u32::from_le_bytes(word[..4].try_into().unwrap()))?;
+    outputs
+        .iter()
+        .zip(got)
+        .map(|(t, bytes)| Tensor::from_bytes(t.dtype, &t.shape, bytes))
+        .collect()
 }
 
 /// Concatenates T tensors into one word-aligned buffer image; returns the bytes and each

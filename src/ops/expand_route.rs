@@ -3,7 +3,7 @@
 
 use super::common::*;
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::tensor::{DType, Tensor};
 
 pub const OP: &str = "expand_route";
@@ -220,7 +220,7 @@ pub async fn gpu(ctx: &Context, x: &ExpandRouteInputs<'_>, r: usize) -> Result<E
         &[p.t, p.hs],
         0x7f,
     )?;
-    let flags = up("flags", &Tensor::from_u32(&[1], &[0]))?;
+    let flags = flag_word(ctx)?;
     let prm = ExpandRouteParams {
         t: p.t as u32,
         hs: p.hs as u32,
@@ -240,19 +240,9 @@ pub async fn gpu(ctx: &Context, x: &ExpandRouteInputs<'_>, r: usize) -> Result<E
     };
     encode_expand(ctx, &mut enc, &prm, &bufs).await?;
     ctx.submit(OP, enc).await?;
-    let got = Readback::new(
-        ctx,
-        &[
-            (&tok.buffer, tok.bytes()),
-            (&count.buffer, count.bytes()),
-            (&flags.buffer, 4),
-        ],
-    )
-    .await_all(ctx)
-    .await?;
-    check_flags(OP, u32::from_le_bytes(got[2][..4].try_into().unwrap()))?;
+    let mut got = read_checked(ctx, OP, &[&tok, &count], &flags).await?;
     Ok(ExpandRouteOutputs {
-        token_indices: Tensor::from_bytes(DType::I32, &tok.shape, got[0].clone())?,
-        token_count: Tensor::from_bytes(DType::I32, &count.shape, got[1].clone())?,
+        token_count: got.pop().unwrap(),
+        token_indices: got.pop().unwrap(),
     })
 }

@@ -4,7 +4,7 @@
 
 use super::common::*;
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::paged::PoolLayout;
 use crate::tensor::{DType, Tensor};
 
@@ -439,7 +439,7 @@ pub async fn gpu(ctx: &Context, x: &QsaCompressInputs<'_>, a: &QsaCompressAttrs)
     let gamma = x.gamma.map(|g| up("gamma", g)).transpose()?;
     let freqs = x.freqs_cis.map(|f| up("freqs_cis", f)).transpose()?;
     let keys = up("block_keys", x.block_keys)?;
-    let flags = up("flags", &Tensor::from_u32(&[1], &[0]))?;
+    let flags = flag_word(ctx)?;
     let prm = params(&p, a, gamma.is_some());
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let bufs = CompressBuffers {
@@ -453,9 +453,6 @@ pub async fn gpu(ctx: &Context, x: &QsaCompressInputs<'_>, a: &QsaCompressAttrs)
     };
     encode_compress(ctx, &mut enc, p.dt, &prm, &bufs).await?;
     ctx.submit(OP, enc).await?;
-    let got = Readback::new(ctx, &[(&keys.buffer, keys.bytes()), (&flags.buffer, 4)])
-        .await_all(ctx)
-        .await?;
-    check_flags(OP, u32::from_le_bytes(got[1][..4].try_into().unwrap()))?;
-    Tensor::from_bytes(p.dt, &x.block_keys.shape, got[0].clone())
+    let mut got = read_checked(ctx, OP, &[&keys], &flags).await?;
+    Ok(got.remove(0))
 }

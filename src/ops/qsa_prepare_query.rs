@@ -3,7 +3,7 @@
 
 use super::common::*;
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::tensor::{DType, Tensor};
 
 pub const OP: &str = "qsa_prepare_query";
@@ -294,7 +294,7 @@ pub async fn gpu(
         &x.index_query_raw.shape,
         0xff,
     )?;
-    let flags = up("flags", &Tensor::from_u32(&[1], &[0]))?;
+    let flags = flag_word(ctx)?;
     let prm = QsaPrepareQueryParams {
         t: p.t as u32,
         hi: p.hi as u32,
@@ -320,9 +320,6 @@ pub async fn gpu(
     };
     encode_query(ctx, &mut enc, p.dt, &prm, &bufs).await?;
     ctx.submit(OP, enc).await?;
-    let got = Readback::new(ctx, &[(&out.buffer, out.bytes()), (&flags.buffer, 4)])
-        .await_all(ctx)
-        .await?;
-    check_flags(OP, u32::from_le_bytes(got[1][..4].try_into().unwrap()))?;
-    Tensor::from_bytes(p.dt, &out.shape, got[0].clone())
+    let mut got = read_checked(ctx, OP, &[&out], &flags).await?;
+    Ok(got.remove(0))
 }
