@@ -25,7 +25,7 @@ struct BlockTopkParams {
     rows: u32,  // T · Hs
     w: u32,     // columns per row (<= 65536)
     k: u32,     // slots per row (1 ..= MAX_K)
-    _pad0: u32,
+    out_base: u32, // output row of scores row 0 (the orchestrator scores in row chunks)
 }
 
 @group(0) @binding(0) var<uniform> P: BlockTopkParams;
@@ -274,9 +274,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if (s < n) {
             v = i32(col_at(s));
         }
-        block_indices[id * P.k + s] = v;
+        block_indices[(P.out_base + id) * P.k + s] = v;
     }
     if (lid == 0u) {
-        block_count[id] = i32(n);
+        block_count[P.out_base + id] = i32(n);
     }
 }

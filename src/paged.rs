@@ -177,8 +177,13 @@ impl PagedPool {
         }
     }
 
-    /// Starts an empty sequence and returns its id.
+    /// Starts an empty sequence and returns its id: the lowest freed slot, else a new one.
     pub fn add_sequence(&mut self) -> usize {
+        if let Some(s) = self.tables.iter().position(|t| t.is_none()) {
+            self.tables[s] = Some(Vec::new());
+            self.lengths[s] = 0;
+            return s;
+        }
         self.tables.push(Some(Vec::new()));
         self.lengths.push(0);
         self.tables.len() - 1
@@ -240,17 +245,13 @@ impl PagedPool {
         Ok(())
     }
 
-    /// Page tables of `seqs` as a `[N, max_pages]` u32 tensor, unused entries `fill`.
+    /// Page tables of `seqs` as a `[N, max_pages]` u32 tensor, unused entries `fill` (a freed
+    /// sequence has none).
     pub fn page_table(&self, seqs: &[usize], max_pages: usize, fill: u32) -> Tensor {
         let mut v = vec![fill; seqs.len() * max_pages];
         for (i, &s) in seqs.iter().enumerate() {
-            for (j, &p) in self.tables[s]
-                .as_ref()
-                .unwrap()
-                .iter()
-                .enumerate()
-                .take(max_pages)
-            {
+            let pages = self.tables.get(s).and_then(|t| t.as_deref()).unwrap_or(&[]);
+            for (j, &p) in pages.iter().enumerate().take(max_pages) {
                 v[i * max_pages + j] = p;
             }
         }

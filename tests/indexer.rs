@@ -1,45 +1,91 @@
 //! The orchestrated step: one submission of compress → query → score → top-k → expand equals
-//! the composition of the CPU operators, over a chunked prefill and decode rows mixed in a
-//! ragged batch; after the first step no pipeline is built.
+//! the composition of the CPU operators over chunked prefills and decode rows mixed in a
+//! ragged batch; after the first step no pipeline and no bind group is built; the chunked
+//! score path equals the direct one; a decode loop selects what a one-shot prefill selects;
+//! the order of the pool's pages changes nothing; freed slots are reused.
 
 mod util;
 
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
+use qsa_wgpu::ops::TensorMap;
 use qsa_wgpu::testing::Rng;
-use qsa_wgpu::DType;
+use qsa_wgpu::{DType, Tensor};
+
+const NAMES: [&str; 4] = [
+    "block_indices",
+    "block_count",
+    "token_indices",
+    "token_count",
+];
+
+fn config(dtype: DType, hs: usize, k: usize) -> IndexerConfig {
+    IndexerConfig {
+        hi: 4,
+        di: 40,
+        dr: 16,
+        r: 4,
+        k,
+        hs,
+        page_size: 16,
+        dtype,
+        epsilon: 1e-6,
+        k_norm_offset: 1.0,
+        q_norm_offset: 0.0,
+        scale: None,
+        max_len: 400,
+        max_seqs: 3,
+        max_step_tokens: 160,
+        score_chunk_rows: None,
+    }
+}
+
+fn layer(cfg: &IndexerConfig, seed: u64, pages: Vec<u32>) -> QsaIndexer {
+    let mut rng = Rng::new(seed);
+    let k_norm = rng.tensor(cfg.dtype, &[cfg.di]);
+    let q_norm = rng.tensor(cfg.dtype, &[cfg.di]);
+    QsaIndexer::new(util::ctx(), cfg.clone(), k_norm, q_norm, pages).unwrap()
+}
+
+fn pages(cfg: &IndexerConfig) -> usize {
+    cfg.max_seqs * cfg.max_len.div_ceil(cfg.page_size)
+}
+
+/// Runs one GPU step and reads it back.
+fn gpu_step(ix: &mut QsaIndexer, step: &[usize], q: &Tensor) -> TensorMap {
+    let out = pollster::block_on(ix.step(step, q)).unwrap();
+    pollster::block_on(out.read(&util::ctx())).unwrap()
+}
+
+/// Keys `[tokens, Di]` (as f32 rows) and raw queries `[tokens, Hi, Di]` of one sequence.
+fn sequence(rng: &mut Rng, cfg: &IndexerConfig, tokens: usize) -> (Vec<f32>, Tensor) {
+    (
+        rng.normals(tokens * cfg.di),
+        rng.tensor(cfg.dtype, &[tokens, cfg.hi, cfg.di]),
+    )
+}
+
+/// Rows `a..b` of a tensor along its first axis.
+fn rows(t: &Tensor, a: usize, b: usize) -> Tensor {
+    let row: usize = t.shape[1..].iter().product::<usize>() * t.dtype.size();
+    let mut shape = t.shape.clone();
+    shape[0] = b - a;
+    Tensor::from_bytes(t.dtype, &shape, t.data[a * row..b * row].to_vec()).unwrap()
+}
+
+/// Concatenates tensors along the first axis.
+fn cat(ts: &[Tensor]) -> Tensor {
+    let mut shape = ts[0].shape.clone();
+    shape[0] = ts.iter().map(|t| t.shape[0]).sum();
+    let data = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
+    Tensor::from_bytes(ts[0].dtype, &shape, data).unwrap()
+}
 
 #[test]
-fn step_equals_cpu_composition() {
-    let ctx = util::ctx();
+fn step_equals_cpu_composition_and_reuses_everything() {
     let mut rng = Rng::new(12);
     for hs in [1, 2] {
-        let cfg = IndexerConfig {
-            hi: 4,
-            di: 40,
-            dr: 16,
-            r: 4,
-            k: 8,
-            hs,
-            page_size: 16,
-            dtype: DType::F32,
-            epsilon: 1e-6,
-            k_norm_offset: 1.0,
-            q_norm_offset: 0.0,
-            scale: None,
-            max_len: 400,
-            max_seqs: 3,
-        };
-        let pages = 3 * 400usize.div_ceil(16);
-        let k_norm = rng.tensor(DType::F32, &[40]);
-        let q_norm = rng.tensor(DType::F32, &[40]);
-        let mut ix = QsaIndexer::new(
-            ctx.clone(),
-            cfg.clone(),
-            k_norm,
-            q_norm,
-            rng.permutation(pages),
-        )
-        .unwrap();
+        let cfg = config(DType::F32, hs, 8);
+        let mut ix = layer(&cfg, 5, rng.permutation(pages(&cfg)));
         for _ in 0..3 {
             ix.add_sequence().unwrap();
         }
@@ -51,32 +97,165 @@ fn step_equals_cpu_composition() {
             vec![1, 0, 1],
             vec![2, 1, 1],
         ];
-        let mut after_first = 0;
+        let (mut pipes, mut groups) = (0, 0);
         for (i, step) in steps.iter().enumerate() {
             for (s, &cnt) in step.iter().enumerate() {
                 ix.append_keys(s, &rng.normals(cnt * 40)).unwrap();
             }
             let t: usize = step.iter().sum();
             let q = rng.tensor(DType::F32, &[t, 4, 40]);
-            let out = pollster::block_on(ix.step(step, &q)).unwrap();
-            let got = pollster::block_on(out.read(&ctx)).unwrap();
+            let got = gpu_step(&mut ix, step, &q);
             let want = ix.step_cpu(step, &q).unwrap();
-            for name in [
-                "block_indices",
-                "block_count",
-                "token_indices",
-                "token_count",
-            ] {
+            for name in NAMES {
                 assert_eq!(got[name], want[name], "hs={hs} step {i}: {name}");
             }
             if i == 0 {
-                after_first = ix.pipelines_created();
+                (pipes, groups) = (ix.pipelines_created(), ix.bind_groups_created());
             }
         }
         assert_eq!(
             ix.pipelines_created(),
-            after_first,
-            "a pipeline was built after the first step"
+            pipes,
+            "a pipeline was built after step 0"
+        );
+        assert_eq!(
+            ix.bind_groups_created(),
+            groups,
+            "a bind group was built after step 0"
         );
     }
+}
+
+#[test]
+fn chunked_scores_equal_direct() {
+    let mut rng = Rng::new(21);
+    let direct_cfg = config(DType::BF16, 2, 16);
+    let chunked_cfg = IndexerConfig {
+        score_chunk_rows: Some(7),
+        ..direct_cfg.clone()
+    };
+    let order = rng.permutation(pages(&direct_cfg));
+    let mut direct = layer(&direct_cfg, 8, order.clone());
+    let mut chunked = layer(&chunked_cfg, 8, order);
+    for ix in [&mut direct, &mut chunked] {
+        ix.add_sequence().unwrap();
+        ix.add_sequence().unwrap();
+    }
+    for step in [[150, 3], [1, 90], [1, 1]] {
+        let keys: Vec<Vec<f32>> = step.iter().map(|&c| rng.normals(c * 40)).collect();
+        let q = rng.tensor(DType::BF16, &[step.iter().sum(), 4, 40]);
+        let mut outs = Vec::new();
+        for ix in [&mut direct, &mut chunked] {
+            for (s, k) in keys.iter().enumerate() {
+                ix.append_keys(s, k).unwrap();
+            }
+            outs.push(gpu_step(ix, &step, &q));
+        }
+        for name in NAMES {
+            assert_eq!(outs[0][name], outs[1][name], "step {step:?}: {name}");
+        }
+    }
+}
+
+#[test]
+fn decode_loop_selects_what_one_shot_prefill_selects() {
+    let mut rng = Rng::new(33);
+    for dtype in [DType::F32, DType::BF16] {
+        let cfg = config(dtype, 1, 12);
+        let len = 150;
+        let (keys, q) = sequence(&mut rng, &cfg, len);
+        let order = rng.permutation(pages(&cfg));
+        let mut one = layer(&cfg, 2, order.clone());
+        one.add_sequence().unwrap();
+        one.append_keys(0, &keys).unwrap();
+        let whole = gpu_step(&mut one, &[len], &q);
+
+        let mut inc = layer(&cfg, 2, order);
+        inc.add_sequence().unwrap();
+        let prefix = 61;
+        let mut parts = Vec::new();
+        let mut at = 0;
+        for n in std::iter::once(prefix).chain(std::iter::repeat_n(1, len - prefix)) {
+            inc.append_keys(0, &keys[at * cfg.di..(at + n) * cfg.di])
+                .unwrap();
+            parts.push(gpu_step(&mut inc, &[n], &rows(&q, at, at + n)));
+            at += n;
+        }
+        for name in NAMES {
+            let joined = cat(&parts.iter().map(|p| p[name].clone()).collect::<Vec<_>>());
+            assert_eq!(joined, whole[name], "{dtype}: {name}");
+        }
+        assert!(whole["block_count"].to_i32().iter().any(|&c| c == 12));
+    }
+}
+
+#[test]
+fn page_order_changes_nothing() {
+    let mut rng = Rng::new(44);
+    let cfg = config(DType::F16, 1, 10);
+    let n = pages(&cfg);
+    let orders = [
+        (0..n as u32).collect::<Vec<_>>(),
+        (0..n as u32).rev().collect(),
+        rng.permutation(n),
+    ];
+    let mut layers: Vec<QsaIndexer> = orders
+        .iter()
+        .map(|o| {
+            let mut ix = layer(&cfg, 3, o.clone());
+            ix.add_sequence().unwrap();
+            ix.add_sequence().unwrap();
+            ix
+        })
+        .collect();
+    for step in [[70, 33], [1, 1], [20, 1]] {
+        let keys: Vec<Vec<f32>> = step.iter().map(|&c| rng.normals(c * 40)).collect();
+        let q = rng.tensor(DType::F16, &[step.iter().sum(), 4, 40]);
+        let outs: Vec<TensorMap> = layers
+            .iter_mut()
+            .map(|ix| {
+                for (s, k) in keys.iter().enumerate() {
+                    ix.append_keys(s, k).unwrap();
+                }
+                gpu_step(ix, &step, &q)
+            })
+            .collect();
+        for name in NAMES {
+            assert_eq!(outs[0][name], outs[1][name], "{step:?}: {name}");
+            assert_eq!(outs[0][name], outs[2][name], "{step:?}: {name}");
+        }
+    }
+}
+
+#[test]
+fn freed_slots_are_reused() {
+    let mut rng = Rng::new(55);
+    let cfg = config(DType::F32, 1, 6);
+    let mut ix = layer(&cfg, 9, rng.permutation(pages(&cfg)));
+    for _ in 0..3 {
+        ix.add_sequence().unwrap();
+    }
+    assert!(ix.add_sequence().is_err(), "max_seqs is 3");
+    let mut run = |ix: &mut QsaIndexer, step: &[usize]| {
+        for (s, &c) in step.iter().enumerate().filter(|(_, &c)| c > 0) {
+            ix.append_keys(s, &rng.normals(c * 40)).unwrap();
+        }
+        let q = rng.tensor(DType::F32, &[step.iter().sum(), 4, 40]);
+        let got = gpu_step(ix, step, &q);
+        let want = ix.step_cpu(step, &q).unwrap();
+        for name in NAMES {
+            assert_eq!(got[name], want[name], "{step:?}: {name}");
+        }
+    };
+    run(&mut ix, &[40, 50, 30]);
+    ix.free_sequence(1).unwrap();
+    assert!(ix.free_sequence(1).is_err());
+    assert!(ix.append_keys(1, &[0.0; 40]).is_err());
+    run(&mut ix, &[1, 0, 1]);
+    assert_eq!(ix.add_sequence().unwrap(), 1, "the freed slot comes back");
+    assert_eq!(ix.len(1), 0);
+    run(&mut ix, &[1, 27, 1]);
+    run(&mut ix, &[1, 1, 1]);
+    let err = pollster::block_on(ix.step(&[1, 1], &Tensor::zeros(DType::F32, &[2, 4, 40])));
+    assert!(err.is_err(), "a step needs one count per slot");
 }

@@ -180,7 +180,7 @@ fn params_structs_match_wgsl_layout() {
         "block_topk",
         block_topk::BlockTopkParams,
         "BlockTopkParams",
-        [rows, w, k, _pad0]
+        [rows, w, k, out_base]
     );
     check_params!(
         "block_score",

@@ -286,7 +286,31 @@ pub struct ScoreBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records one score dispatch over rows `prm.row_base .. + prm.rows`.
+/// Describes one score dispatch over rows `prm.row_base .. + prm.rows` (recorded by the `encode_` wrapper below or an orchestrator).
+pub fn dispatch_score<'a>(
+    ctx: &'a Context,
+    dt: DType,
+    prm: &'a BlockScoreParams,
+    b: &'a ScoreBuffers<'a>,
+) -> Result<Dispatch<'a>> {
+    let tiles = prm.max_blocks.div_ceil(64);
+    Ok(Dispatch {
+        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![
+            b.query,
+            b.keys,
+            b.row_offsets,
+            b.lens,
+            b.weights.unwrap_or(&ctx.dummy),
+            b.scores,
+            b.flags,
+        ],
+        groups: prm.rows * tiles,
+    })
+}
+
+/// Records the dispatch of [`dispatch_score`] with a fresh bind group.
 pub async fn encode_score(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -294,26 +318,7 @@ pub async fn encode_score(
     prm: &BlockScoreParams,
     b: &ScoreBuffers<'_>,
 ) -> Result<()> {
-    let tiles = prm.max_blocks.div_ceil(64);
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.query,
-                b.keys,
-                b.row_offsets,
-                b.lens,
-                b.weights.unwrap_or(&ctx.dummy),
-                b.scores,
-                b.flags,
-            ],
-            groups: prm.rows * tiles,
-        },
-    )
-    .await
+    encode(ctx, enc, dispatch_score(ctx, dt, prm, b)?).await
 }
 
 /// Rows of scores that fit in one binding.

@@ -120,7 +120,7 @@ impl Plan {
             rows: (self.t * self.hs) as u32,
             w: self.w as u32,
             k: self.k as u32,
-            _pad0: 0,
+            out_base: 0,
         }
     }
 }
@@ -207,21 +207,23 @@ pub struct BlockTopkParams {
     pub rows: u32,
     pub w: u32,
     pub k: u32,
-    pub _pad0: u32,
+    /// Output row of score row 0 (scores may hold one row chunk of a larger output).
+    pub out_base: u32,
 }
 
-/// Records the selection over device buffers: `scores [rows, w]` f32, `indices [rows, k]` i32
-/// and `count [rows]` i32 (every slot of both is written). For orchestrators that keep the
+/// Describes the selection over device buffers: `scores [rows, w]` f32 into rows
+/// `out_base ..` of `indices [.., k]` i32 and `count [..]` i32 (every slot of those rows is
+/// written). For orchestrators that keep the
 /// scores on the device.
-pub async fn encode_topk(
-    ctx: &Context,
-    enc: &mut wgpu::CommandEncoder,
-    params: &BlockTopkParams,
-    scores: &wgpu::Buffer,
-    indices: &wgpu::Buffer,
-    count: &wgpu::Buffer,
-) -> Result<()> {
+pub fn dispatch_topk<'a>(
+    ctx: &'a Context,
+    params: &'a BlockTopkParams,
+    scores: &'a wgpu::Buffer,
+    indices: &'a wgpu::Buffer,
+    count: &'a wgpu::Buffer,
+) -> Result<Dispatch<'a>> {
     let (rows, w, k) = (params.rows as u64, params.w as u64, params.k as u64);
+    let out = params.out_base as u64;
     if params.k == 0 || k > MAX_K as u64 {
         return Err(Error::attr(
             OP,
@@ -238,8 +240,8 @@ pub async fn encode_topk(
     }
     for (name, buf, need) in [
         ("scores", scores, rows * w * 4),
-        ("block_indices", indices, rows * k * 4),
-        ("block_count", count, rows * 4),
+        ("block_indices", indices, (out + rows) * k * 4),
+        ("block_count", count, (out + rows) * 4),
     ] {
         ctx.check_binding_size(OP, name, need)?;
         if buf.size() < need {
@@ -250,15 +252,27 @@ pub async fn encode_topk(
             ));
         }
     }
+    Ok(Dispatch {
+        key: PipelineKey::new(OP, "main"),
+        params: bytemuck::bytes_of(params),
+        buffers: vec![scores, indices, count],
+        groups: params.rows,
+    })
+}
+
+/// Records the dispatch of [`dispatch_topk`] with a fresh bind group.
+pub async fn encode_topk(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    params: &BlockTopkParams,
+    scores: &wgpu::Buffer,
+    indices: &wgpu::Buffer,
+    count: &wgpu::Buffer,
+) -> Result<()> {
     encode(
         ctx,
         enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main"),
-            params: bytemuck::bytes_of(params),
-            buffers: vec![scores, indices, count],
-            groups: params.rows,
-        },
+        dispatch_topk(ctx, params, scores, indices, count)?,
     )
     .await
 }

@@ -252,54 +252,124 @@ pub struct Dispatch<'a> {
     pub groups: u32,
 }
 
-/// Records `d` into `enc`. Builds (or reuses) the pipeline; one bind group per call.
-pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'_>) -> Result<()> {
-    use wgpu::util::DeviceExt;
-    let cp = ctx.cache.get(&ctx.device, &d.key).await?;
-    let label = format!("qsa.{}", d.key.shader);
-    let ubuf = ctx
-        .device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+/// A pipeline with a bind group over fixed buffers and its own uniform buffer, ready to be
+/// recorded any number of times (once per submission: the params are written by the queue
+/// before the submission that follows, so two recordings of one `Bound` in one encoder would
+/// share the last params).
+pub struct Bound {
+    pipeline: std::sync::Arc<crate::gpu::CachedPipeline>,
+    group: wgpu::BindGroup,
+    uniform: wgpu::Buffer,
+    label: String,
+}
+
+impl Bound {
+    /// Builds (or reuses) the pipeline of `d` and a bind group over `d`'s buffers.
+    pub async fn new(ctx: &Context, d: &Dispatch<'_>) -> Result<Bound> {
+        let cp = ctx.cache.get(&ctx.device, &d.key).await?;
+        let label = format!("qsa.{}", d.key.shader);
+        let uniform = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&label),
-            contents: d.params,
-            usage: wgpu::BufferUsages::UNIFORM,
+            size: (d.params.len().div_ceil(16) * 16).max(16) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
-    let mut entries = vec![wgpu::BindGroupEntry {
-        binding: 0,
-        resource: ubuf.as_entire_binding(),
-    }];
-    for (i, b) in d.buffers.iter().enumerate() {
-        entries.push(wgpu::BindGroupEntry {
-            binding: i as u32 + 1,
-            resource: b.as_entire_binding(),
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        for (i, b) in d.buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        if entries.len() != cp.bindings.len() {
+            return Err(Error::Shader {
+                name: d.key.shader.to_string(),
+                msg: format!(
+                    "host binds {} buffers, shader declares {}",
+                    entries.len(),
+                    cp.bindings.len()
+                ),
+            });
+        }
+        let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&label),
+            layout: &cp.layout,
+            entries: &entries,
         });
+        ctx.cache.note_bind_group();
+        Ok(Bound {
+            pipeline: cp,
+            group,
+            uniform,
+            label,
+        })
     }
-    if entries.len() != cp.bindings.len() {
-        return Err(Error::Shader {
-            name: d.key.shader.to_string(),
-            msg: format!(
-                "host binds {} buffers, shader declares {}",
-                entries.len(),
-                cp.bindings.len()
-            ),
+
+    /// Writes `params` and records one dispatch of `groups` workgroups into `enc`.
+    pub fn record(
+        &self,
+        ctx: &Context,
+        enc: &mut wgpu::CommandEncoder,
+        params: &[u8],
+        groups: u32,
+    ) {
+        let mut bytes = params.to_vec();
+        bytes.resize(self.uniform.size() as usize, 0);
+        ctx.queue.write_buffer(&self.uniform, 0, &bytes);
+        let (x, y) = ctx.grid(groups);
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&self.label),
+            timestamp_writes: None,
         });
+        pass.set_pipeline(&self.pipeline.pipeline);
+        pass.set_bind_group(0, &self.group, &[]);
+        if groups > 0 {
+            pass.dispatch_workgroups(x, y, 1);
+        }
     }
-    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(&label),
-        layout: &cp.layout,
-        entries: &entries,
-    });
-    let (x, y) = ctx.grid(d.groups);
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(&label),
-        timestamp_writes: None,
-    });
-    pass.set_pipeline(&cp.pipeline);
-    pass.set_bind_group(0, &bg, &[]);
-    if d.groups > 0 {
-        pass.dispatch_workgroups(x, y, 1);
-    }
+}
+
+/// Records `d` into `enc` with a fresh bind group (the pipeline comes from the cache).
+pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'_>) -> Result<()> {
+    Bound::new(ctx, &d)
+        .await?
+        .record(ctx, enc, d.params, d.groups);
     Ok(())
+}
+
+/// Bind groups kept across submissions, for a caller (the orchestrators) that records the same
+/// stages over the same buffers step after step. An entry is keyed by the stage's slot, its
+/// pipeline and its buffers, so new buffers get a new bind group and never a stale one.
+#[derive(Default)]
+pub struct BindCache {
+    map: std::collections::HashMap<(&'static str, usize, PipelineKey, Vec<wgpu::Buffer>), Bound>,
+}
+
+impl BindCache {
+    /// Records `d` as slot `slot` of `stage`; each (stage, slot) may be recorded once per
+    /// submission.
+    pub async fn record(
+        &mut self,
+        ctx: &Context,
+        enc: &mut wgpu::CommandEncoder,
+        stage: &'static str,
+        slot: usize,
+        d: Dispatch<'_>,
+    ) -> Result<()> {
+        let bufs: Vec<wgpu::Buffer> = d.buffers.iter().map(|b| (*b).clone()).collect();
+        let key = (stage, slot, d.key.clone(), bufs);
+        if !self.map.contains_key(&key) {
+            // Whatever this slot held before is over other buffers now: let it go.
+            self.map.retain(|k, _| !(k.0 == stage && k.1 == slot));
+            let b = Bound::new(ctx, &d).await?;
+            self.map.insert(key.clone(), b);
+        }
+        self.map[&key].record(ctx, enc, d.params, d.groups);
+        Ok(())
+    }
 }
 
 /// Turns the device flag word into an error naming the operator.

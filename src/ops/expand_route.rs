@@ -170,32 +170,36 @@ pub struct ExpandBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records one expand dispatch.
+/// Describes one expand dispatch (recorded by the `encode_` wrapper below or an orchestrator).
+pub fn dispatch_expand<'a>(
+    _ctx: &'a Context,
+    prm: &'a ExpandRouteParams,
+    b: &'a ExpandBuffers<'a>,
+) -> Result<Dispatch<'a>> {
+    let total = prm.t * prm.hs * prm.width;
+    Ok(Dispatch {
+        key: PipelineKey::new(OP, "main"),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![
+            b.block_indices,
+            b.block_count,
+            b.positions,
+            b.token_indices,
+            b.token_count,
+            b.flags,
+        ],
+        groups: total.div_ceil(64),
+    })
+}
+
+/// Records the dispatch of [`dispatch_expand`] with a fresh bind group.
 pub async fn encode_expand(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
     prm: &ExpandRouteParams,
     b: &ExpandBuffers<'_>,
 ) -> Result<()> {
-    let total = prm.t * prm.hs * prm.width;
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main"),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.block_indices,
-                b.block_count,
-                b.positions,
-                b.token_indices,
-                b.token_count,
-                b.flags,
-            ],
-            groups: total.div_ceil(64),
-        },
-    )
-    .await
+    encode(ctx, enc, dispatch_expand(ctx, prm, b)?).await
 }
 
 /// Runs on the GPU: uploads, one dispatch, readback.

@@ -399,7 +399,30 @@ pub fn params(p: &Plan, a: &QsaCompressAttrs, norm_on: bool) -> QsaCompressParam
     }
 }
 
-/// Records one compress dispatch (for the orchestrator and [`gpu`]).
+/// Describes one compress dispatch (recorded by the `encode_` wrapper below or an orchestrator).
+pub fn dispatch_compress<'a>(
+    ctx: &'a Context,
+    dt: DType,
+    prm: &'a QsaCompressParams,
+    b: &'a CompressBuffers<'a>,
+) -> Result<Dispatch<'a>> {
+    Ok(Dispatch {
+        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![
+            b.pool,
+            b.page_table,
+            b.lens,
+            b.gamma.unwrap_or(&ctx.dummy),
+            b.freqs.unwrap_or(&ctx.dummy),
+            b.block_keys,
+            b.flags,
+        ],
+        groups: prm.n * prm.span,
+    })
+}
+
+/// Records the dispatch of [`dispatch_compress`] with a fresh bind group.
 pub async fn encode_compress(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -407,25 +430,7 @@ pub async fn encode_compress(
     prm: &QsaCompressParams,
     b: &CompressBuffers<'_>,
 ) -> Result<()> {
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.pool,
-                b.page_table,
-                b.lens,
-                b.gamma.unwrap_or(&ctx.dummy),
-                b.freqs.unwrap_or(&ctx.dummy),
-                b.block_keys,
-                b.flags,
-            ],
-            groups: prm.n * prm.span,
-        },
-    )
-    .await
+    encode(ctx, enc, dispatch_compress(ctx, dt, prm, b)?).await
 }
 
 /// Runs on the GPU: uploads, one dispatch, readback of `block_keys` and the flags.

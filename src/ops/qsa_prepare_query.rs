@@ -232,7 +232,30 @@ pub struct QueryBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records one query-prep dispatch.
+/// Describes one query-prep dispatch (recorded by the `encode_` wrapper below or an orchestrator).
+pub fn dispatch_query<'a>(
+    _ctx: &'a Context,
+    dt: DType,
+    prm: &'a QsaPrepareQueryParams,
+    b: &'a QueryBuffers<'a>,
+) -> Result<Dispatch<'a>> {
+    Ok(Dispatch {
+        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![
+            b.q_raw,
+            b.weight,
+            b.rope_a,
+            b.rope_b,
+            b.positions,
+            b.out,
+            b.flags,
+        ],
+        groups: prm.t * prm.hi,
+    })
+}
+
+/// Records the dispatch of [`dispatch_query`] with a fresh bind group.
 pub async fn encode_query(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -240,25 +263,7 @@ pub async fn encode_query(
     prm: &QsaPrepareQueryParams,
     b: &QueryBuffers<'_>,
 ) -> Result<()> {
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.q_raw,
-                b.weight,
-                b.rope_a,
-                b.rope_b,
-                b.positions,
-                b.out,
-                b.flags,
-            ],
-            groups: prm.t * prm.hi,
-        },
-    )
-    .await
+    encode(ctx, enc, dispatch_query(ctx, dt, prm, b)?).await
 }
 
 /// Runs on the GPU: uploads, one dispatch, readback.

@@ -1,0 +1,373 @@
+//! `QsaIndexer`: one layer of the QSA indexer as one submission per step. A step over a ragged
+//! batch (prefill chunks and decode rows mixed) records compress (paged, incremental) →
+//! prepare query → score → top-k → expand into one command encoder ([`step`](QsaIndexer::step),
+//! in `step.rs`). The raw index keys live in a device pool; a host mirror of it and of the
+//! block keys lets [`QsaIndexer::step_cpu`] (in `cpu.rs`) run the same step through the CPU
+//! references.
+//!
+//! Sequences live in slots. A step takes one count of new tokens per slot
+//! (`0 .. slot_count()`), in slot order; a freed slot, or a sequence with nothing new, gives 0.
+//! Slot `n` owns block-key rows `n · max_blocks ..`; a freed slot is reused by the next
+//! [`add_sequence`](QsaIndexer::add_sequence).
+
+mod cpu;
+mod step;
+
+pub use step::StepOutputs;
+
+use crate::error::{Error, Result};
+use crate::gpu::{Context, GpuTensor};
+use crate::ops::common::BindCache;
+use crate::paged::{PagedPool, PoolLayout};
+use crate::tensor::{DType, Tensor};
+use std::sync::Arc;
+
+const OP: &str = "qsa_indexer";
+
+/// Geometry and numerics of one indexer layer.
+#[derive(Clone, Debug)]
+pub struct IndexerConfig {
+    pub hi: usize,
+    pub di: usize,
+    pub dr: usize,
+    pub r: usize,
+    pub k: usize,
+    pub hs: usize,
+    pub page_size: usize,
+    pub dtype: DType,
+    pub epsilon: f32,
+    pub k_norm_offset: f32,
+    pub q_norm_offset: f32,
+    /// `None`: 1 / sqrt(Di).
+    pub scale: Option<f32>,
+    /// Longest sequence the layer serves (sizes the rotary table and the block keys).
+    pub max_len: usize,
+    /// Sequences served at once.
+    pub max_seqs: usize,
+    /// Most new rows (tokens of all sequences) in one step; sizes the step's device buffers.
+    pub max_step_tokens: usize,
+    /// Caps the rows of one score chunk. `None`: as many as one storage binding holds. The
+    /// score matrix `[T, Hs, max_blocks]` f32 is computed and selected from in row chunks
+    /// that reuse one scratch buffer, so it never has to exist whole.
+    pub score_chunk_rows: Option<usize>,
+}
+
+impl IndexerConfig {
+    /// Qwen3.8-Flash-Next's indexer: Hi = 4, Di = 128, Dr = 64, r = 4, k = 512, page 128; up to
+    /// 2048 new rows per step.
+    pub fn qwen(dtype: DType, max_len: usize, max_seqs: usize) -> Self {
+        IndexerConfig {
+            hi: 4,
+            di: 128,
+            dr: 64,
+            r: 4,
+            k: 512,
+            hs: 1,
+            page_size: 128,
+            dtype,
+            epsilon: 1e-6,
+            k_norm_offset: 1.0,
+            q_norm_offset: 1.0,
+            scale: None,
+            max_len,
+            max_seqs,
+            max_step_tokens: 2048.min(max_len * max_seqs),
+            score_chunk_rows: None,
+        }
+    }
+
+    /// Block keys one sequence can hold.
+    pub fn max_blocks(&self) -> usize {
+        self.max_len / self.r
+    }
+
+    /// Width of a `token_indices` row: k·r + r − 1.
+    pub fn route_width(&self) -> usize {
+        self.k * self.r + self.r - 1
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |name: &str, msg: String| Err(Error::input(OP, name, msg));
+        if self.hi == 0 || self.hs == 0 || self.hi % self.hs != 0 {
+            return bad(
+                "config.hs",
+                format!("Hs = {} must divide Hi = {}", self.hs, self.hi),
+            );
+        }
+        if self.di == 0 || self.di > 2048 || self.dr > self.di || self.dr % 2 != 0 {
+            return bad(
+                "config.dr",
+                format!(
+                    "need 0 < Di <= 2048, even Dr <= Di; got Di {}, Dr {}",
+                    self.di, self.dr
+                ),
+            );
+        }
+        if self.r == 0 || self.k == 0 || self.page_size == 0 || self.max_seqs == 0 {
+            return bad(
+                "config",
+                format!(
+                    "r ({}), k ({}), page_size ({}) and max_seqs ({}) must be positive",
+                    self.r, self.k, self.page_size, self.max_seqs
+                ),
+            );
+        }
+        if self.max_step_tokens == 0 || self.score_chunk_rows == Some(0) {
+            return bad(
+                "config.max_step_tokens",
+                "max_step_tokens and score_chunk_rows must be positive".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One indexer layer: the device pool and block keys, their host mirrors, the weights, and the
+/// step's device buffers and bind groups (built once, reused every step).
+pub struct QsaIndexer {
+    pub cfg: IndexerConfig,
+    ctx: Arc<Context>,
+    pub pool: PagedPool,
+    pool_gpu: GpuTensor,
+    pub block_keys: Tensor,
+    keys_gpu: GpuTensor,
+    pub k_norm: Tensor,
+    pub q_norm: Tensor,
+    pub freqs: Tensor,
+    gamma_gpu: GpuTensor,
+    q_norm_gpu: GpuTensor,
+    freqs_gpu: GpuTensor,
+    max_blocks: usize,
+    max_pages: usize,
+    bufs: step::StepBuffers,
+    binds: BindCache,
+}
+
+/// The model's rotary table: row p holds the (cos, sin) pairs of position p, base 1e7.
+pub fn rotary_table(dtype: DType, positions: usize, dr: usize) -> Tensor {
+    let mut v = Vec::with_capacity(positions * dr);
+    for p in 0..positions {
+        for i in 0..dr / 2 {
+            let a = p as f64 * 1e7f64.powf(-(2.0 * i as f64) / dr as f64);
+            v.push(a.cos() as f32);
+            v.push(a.sin() as f32);
+        }
+    }
+    Tensor::from_f32(dtype, &[positions, dr], &v)
+}
+
+/// Row offsets, cache lengths, positions and the page table of one step.
+type StepTensors = (Vec<u32>, Vec<u32>, Vec<i32>, Tensor);
+
+impl QsaIndexer {
+    /// A layer with the given norm weights (`[Di]` each), pages handed out in `page_order`.
+    pub fn new(
+        ctx: Arc<Context>,
+        cfg: IndexerConfig,
+        k_norm: Tensor,
+        q_norm: Tensor,
+        page_order: Vec<u32>,
+    ) -> Result<Self> {
+        cfg.check()?;
+        for (name, t) in [("k_norm", &k_norm), ("q_norm", &q_norm)] {
+            if t.shape != [cfg.di] || t.dtype != cfg.dtype {
+                return Err(Error::input(
+                    OP,
+                    name,
+                    format!(
+                        "expected [{}] {}, got {:?} {}",
+                        cfg.di, cfg.dtype, t.shape, t.dtype
+                    ),
+                ));
+            }
+        }
+        let pages_per_seq = cfg.max_len.div_ceil(cfg.page_size);
+        let num_pages = page_order.len();
+        if num_pages < pages_per_seq {
+            return Err(Error::input(
+                OP,
+                "page_order",
+                format!(
+                    "{num_pages} pages cannot hold one sequence of {}",
+                    cfg.max_len
+                ),
+            ));
+        }
+        let layout = PoolLayout::packed(num_pages, 1, cfg.page_size, 1, cfg.di);
+        let pool = PagedPool::new(layout, cfg.dtype, page_order);
+        let max_blocks = cfg.max_blocks();
+        let block_keys = Tensor::zeros(cfg.dtype, &[cfg.max_seqs * max_blocks, cfg.di]);
+        let freqs = rotary_table(cfg.dtype, cfg.max_len, cfg.dr);
+        let up = |n: &str, t: &Tensor| GpuTensor::upload(&ctx, n, t);
+        Ok(QsaIndexer {
+            pool_gpu: up("qsa.indexer.pool", &pool.tensor())?,
+            keys_gpu: up("qsa.indexer.block_keys", &block_keys)?,
+            gamma_gpu: up("qsa.indexer.k_norm", &k_norm)?,
+            q_norm_gpu: up("qsa.indexer.q_norm", &q_norm)?,
+            freqs_gpu: up("qsa.indexer.freqs", &freqs)?,
+            bufs: step::StepBuffers::new(&ctx, &cfg, pages_per_seq)?,
+            binds: BindCache::default(),
+            ctx,
+            pool,
+            block_keys,
+            k_norm,
+            q_norm,
+            freqs,
+            max_blocks,
+            max_pages: pages_per_seq,
+            cfg,
+        })
+    }
+
+    /// Starts a sequence in the lowest free slot; returns the slot.
+    pub fn add_sequence(&mut self) -> Result<usize> {
+        let live = self.pool.tables.iter().filter(|t| t.is_some()).count();
+        if live >= self.cfg.max_seqs {
+            return Err(Error::input(
+                OP,
+                "sequences",
+                format!("already {live} of max_seqs {}", self.cfg.max_seqs),
+            ));
+        }
+        Ok(self.pool.add_sequence())
+    }
+
+    /// Ends the sequence in `slot`: its pages go back to the pool and the slot can be reused.
+    pub fn free_sequence(&mut self, slot: usize) -> Result<()> {
+        if !self.is_live(slot) {
+            return Err(Error::input(
+                OP,
+                "slot",
+                format!("slot {slot} holds no sequence"),
+            ));
+        }
+        self.pool.free_sequence(slot);
+        Ok(())
+    }
+
+    /// Slots a step covers: every slot ever handed out, live or freed.
+    pub fn slot_count(&self) -> usize {
+        self.pool.tables.len()
+    }
+
+    /// Whether `slot` holds a live sequence.
+    pub fn is_live(&self, slot: usize) -> bool {
+        matches!(self.pool.tables.get(slot), Some(Some(_)))
+    }
+
+    /// Tokens sequence `slot` holds.
+    pub fn len(&self, slot: usize) -> usize {
+        self.pool.lengths.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Appends the raw index keys `[count, Di]` of sequence `seq`'s new tokens to the pool
+    /// (host mirror and device), growing its page table.
+    pub fn append_keys(&mut self, seq: usize, raw: &[f32]) -> Result<()> {
+        let di = self.cfg.di;
+        if !self.is_live(seq) {
+            return Err(Error::input(
+                OP,
+                "slot",
+                format!("slot {seq} holds no sequence"),
+            ));
+        }
+        if raw.len() % di != 0 {
+            return Err(Error::input(
+                OP,
+                "raw_keys",
+                format!("{} values are not whole rows of Di = {di}", raw.len()),
+            ));
+        }
+        let count = raw.len() / di;
+        let start = self.pool.lengths[seq];
+        if start + count > self.cfg.max_len {
+            return Err(Error::input(
+                OP,
+                "raw_keys",
+                format!(
+                    "sequence {seq} would hold {} > max_len {}",
+                    start + count,
+                    self.cfg.max_len
+                ),
+            ));
+        }
+        self.pool.append(seq, 0, 0, raw)?;
+        self.pool.commit(seq, count);
+        let es = self.cfg.dtype.size();
+        let ps = self.cfg.page_size;
+        let table = self.pool.tables[seq].clone().unwrap();
+        // One write per page touched: the K rows of one page are contiguous (one layer, one
+        // head). write_buffer takes 4-byte multiples, so a 16-bit run of odd length is widened
+        // to whole words, copying its neighbours' (identical) bytes from the host mirror.
+        let mut t = start;
+        while t < start + count {
+            let run = (ps - t % ps).min(start + count - t);
+            let page = table[t / ps] as usize;
+            let off = self.pool.layout.offset(page, 0, 0, t % ps, 0) * es;
+            let (lo, hi) = (off / 4 * 4, (off + run * di * es).div_ceil(4) * 4);
+            self.ctx.queue.write_buffer(
+                &self.pool_gpu.buffer,
+                lo as u64,
+                &self.pool.data.data[lo..hi],
+            );
+            t += run;
+        }
+        Ok(())
+    }
+
+    /// Inputs of the step's operators as host tensors (shared by the GPU and CPU paths): one
+    /// batch entry per slot.
+    fn step_tensors(&self, new_tokens: &[usize]) -> Result<StepTensors> {
+        let slots = self.slot_count();
+        if new_tokens.len() != slots {
+            return Err(Error::input(
+                OP,
+                "new_tokens",
+                format!(
+                    "a step takes one count per slot (0 for a free slot): got {} for {slots} slots",
+                    new_tokens.len()
+                ),
+            ));
+        }
+        let mut offsets = vec![0u32];
+        let mut cache = Vec::new();
+        let mut positions = Vec::new();
+        for (s, &new) in new_tokens.iter().enumerate() {
+            let len = self.pool.lengths[s];
+            let c = len.checked_sub(new).ok_or_else(|| {
+                Error::input(
+                    OP,
+                    "new_tokens",
+                    format!("slot {s}: {new} new tokens but {len} appended"),
+                )
+            })?;
+            cache.push(c as u32);
+            positions.extend((c..len).map(|p| p as i32));
+            offsets.push(offsets[s] + new as u32);
+        }
+        if positions.len() > self.cfg.max_step_tokens {
+            return Err(Error::input(
+                OP,
+                "new_tokens",
+                format!(
+                    "{} rows in one step > max_step_tokens {}",
+                    positions.len(),
+                    self.cfg.max_step_tokens
+                ),
+            ));
+        }
+        let all: Vec<usize> = (0..slots).collect();
+        let table = self.pool.page_table(&all, self.max_pages, 0);
+        Ok((offsets, cache, positions, table))
+    }
+
+    /// Pipelines built so far by this layer's context.
+    pub fn pipelines_created(&self) -> usize {
+        self.ctx.cache.created()
+    }
+
+    /// Bind groups built so far by this layer's context.
+    pub fn bind_groups_created(&self) -> usize {
+        self.ctx.cache.bind_groups_created()
+    }
+}

@@ -1,0 +1,291 @@
+//! The GPU step: device buffers sized once from the configuration (`max_step_tokens` rows),
+//! refilled by queue writes each step, and the stages recorded into one encoder through a
+//! [`BindCache`](crate::ops::common::BindCache), so that after the first step no pipeline and
+//! no bind group is built (unless the score matrix needs more row chunks than ever before).
+
+use super::{QsaIndexer, OP};
+use crate::error::{Error, Result};
+use crate::gpu::{Context, GpuTensor};
+use crate::ops::block_score::{dispatch_score, rows_per_chunk, BlockScoreParams, ScoreBuffers};
+use crate::ops::block_topk::{dispatch_topk, BlockTopkParams};
+use crate::ops::common::read_checked;
+use crate::ops::expand_route::{dispatch_expand, ExpandBuffers, ExpandRouteParams};
+use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
+use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
+use crate::ops::TensorMap;
+use crate::tensor::{DType, Tensor};
+
+use super::IndexerConfig;
+
+/// The step's device buffers, allocated once.
+pub(super) struct StepBuffers {
+    table: GpuTensor,  // [max_seqs, max_pages] u32
+    lens: GpuTensor,   // [2, max_seqs] u32: cache lengths, then key counts
+    offs: GpuTensor,   // [max_seqs + 1] u32
+    pos: GpuTensor,    // [max_step_tokens] i32
+    q_raw: GpuTensor,  // [max_step_tokens, Hi, Di] T
+    q: GpuTensor,      // [max_step_tokens, Hi, Di] T
+    scores: GpuTensor, // [chunk_rows, Hs, max_blocks] f32, one row chunk at a time
+    chunk_rows: usize,
+    block_indices: GpuTensor, // [max_step_tokens, Hs, k] i32
+    block_count: GpuTensor,   // [max_step_tokens, Hs] i32
+    token_indices: GpuTensor, // [max_step_tokens, Hs, k·r + r − 1] i32
+    token_count: GpuTensor,   // [max_step_tokens, Hs] i32
+    flags: GpuTensor,         // [1] u32
+}
+
+impl StepBuffers {
+    pub(super) fn new(ctx: &Context, c: &IndexerConfig, max_pages: usize) -> Result<Self> {
+        let rows = c.max_step_tokens;
+        let mb = c.max_blocks();
+        let mut chunk_rows = rows_per_chunk(ctx, c.hs, mb)?.min(rows);
+        if let Some(cap) = c.score_chunk_rows {
+            chunk_rows = chunk_rows.min(cap);
+        }
+        let buf = |name: &str, dt: DType, shape: &[usize]| {
+            GpuTensor::filled(ctx, &format!("qsa.indexer.{name}"), dt, shape, 0)
+        };
+        Ok(StepBuffers {
+            table: buf("page_table", DType::U32, &[c.max_seqs, max_pages])?,
+            lens: buf("lens", DType::U32, &[2, c.max_seqs])?,
+            offs: buf("row_offsets", DType::U32, &[c.max_seqs + 1])?,
+            pos: buf("positions", DType::I32, &[rows])?,
+            q_raw: buf("index_query_raw", c.dtype, &[rows, c.hi, c.di])?,
+            q: buf("index_query", c.dtype, &[rows, c.hi, c.di])?,
+            scores: buf("scores", DType::F32, &[chunk_rows, c.hs, mb])?,
+            chunk_rows,
+            block_indices: buf("block_indices", DType::I32, &[rows, c.hs, c.k])?,
+            block_count: buf("block_count", DType::I32, &[rows, c.hs])?,
+            token_indices: buf("token_indices", DType::I32, &[rows, c.hs, c.route_width()])?,
+            token_count: buf("token_count", DType::I32, &[rows, c.hs])?,
+            flags: buf("flags", DType::U32, &[1])?,
+        })
+    }
+}
+
+/// The selections of one step, on the device: views of the layer's output buffers, valid
+/// until the next step overwrites them. [`StepOutputs::read`] brings them back.
+pub struct StepOutputs {
+    /// `[T, Hs, k]` i32.
+    pub block_indices: GpuTensor,
+    /// `[T, Hs]` i32.
+    pub block_count: GpuTensor,
+    /// `[T, Hs, k·r + r − 1]` i32.
+    pub token_indices: GpuTensor,
+    /// `[T, Hs]` i32.
+    pub token_count: GpuTensor,
+    flags: GpuTensor,
+}
+
+impl StepOutputs {
+    /// Reads the four outputs back (and turns device flags into an error).
+    pub async fn read(&self, ctx: &Context) -> Result<TensorMap> {
+        let outputs = [
+            &self.block_indices,
+            &self.block_count,
+            &self.token_indices,
+            &self.token_count,
+        ];
+        let got = read_checked(ctx, OP, &outputs, &self.flags).await?;
+        let names = [
+            "block_indices",
+            "block_count",
+            "token_indices",
+            "token_count",
+        ];
+        Ok(names.iter().map(|n| n.to_string()).zip(got).collect())
+    }
+}
+
+/// A view of the first `shape` elements of `t`'s buffer.
+fn view(t: &GpuTensor, shape: &[usize]) -> GpuTensor {
+    GpuTensor {
+        buffer: t.buffer.clone(),
+        dtype: t.dtype,
+        shape: shape.to_vec(),
+    }
+}
+
+/// Queues a write of `bytes` (padded to whole words) at the start of `buf`.
+fn write(ctx: &Context, buf: &wgpu::Buffer, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let mut v = bytes.to_vec();
+    v.resize(bytes.len().div_ceil(4) * 4, 0);
+    ctx.queue.write_buffer(buf, 0, &v);
+}
+
+impl QsaIndexer {
+    /// Records and submits one step. `new_tokens` holds one count per slot; the keys of those
+    /// rows must already be appended. `index_query_raw` is `[T, Hi, Di]` over the new rows,
+    /// slots in order.
+    pub async fn step(
+        &mut self,
+        new_tokens: &[usize],
+        index_query_raw: &Tensor,
+    ) -> Result<StepOutputs> {
+        let ctx = self.ctx.clone();
+        let c = self.cfg.clone();
+        let (offsets, cache, positions, table) = self.step_tensors(new_tokens)?;
+        let n = cache.len();
+        let t = positions.len();
+        if index_query_raw.shape != [t, c.hi, c.di] || index_query_raw.dtype != c.dtype {
+            return Err(Error::input(
+                OP,
+                "index_query_raw",
+                format!(
+                    "expected [{t}, {}, {}] {}, got {:?} {}",
+                    c.hi, c.di, c.dtype, index_query_raw.shape, index_query_raw.dtype
+                ),
+            ));
+        }
+        let counts: Vec<u32> = offsets
+            .windows(2)
+            .zip(&cache)
+            .map(|(o, c)| c + o[1] - o[0])
+            .collect();
+        let span = (0..n)
+            .map(|i| counts[i] as usize / c.r - cache[i] as usize / c.r)
+            .max()
+            .unwrap_or(0);
+        let b = &self.bufs;
+        let lens: Vec<u32> = cache.iter().chain(counts.iter()).copied().collect();
+        write(&ctx, &b.table.buffer, &table.data);
+        write(&ctx, &b.lens.buffer, bytemuck::cast_slice(&lens));
+        write(&ctx, &b.offs.buffer, bytemuck::cast_slice(&offsets));
+        write(&ctx, &b.pos.buffer, bytemuck::cast_slice(&positions));
+        write(&ctx, &b.q_raw.buffer, &index_query_raw.data);
+        write(&ctx, &b.flags.buffer, &[0; 4]);
+
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("qsa.indexer.step"),
+            });
+        let layout = self.pool.layout;
+        let cp = QsaCompressParams {
+            n: n as u32,
+            di: c.di as u32,
+            dr: c.dr as u32,
+            r: c.r as u32,
+            page_size: c.page_size as u32,
+            k_off: 0,
+            page_stride: layout.page_stride as u32,
+            num_pages: layout.num_pages as u32,
+            max_pages: self.max_pages as u32,
+            max_blocks: self.max_blocks as u32,
+            freq_rows: c.max_len as u32,
+            span: span as u32,
+            norm_on: 1,
+            full: 0,
+            eps: c.epsilon,
+            offset: c.k_norm_offset,
+        };
+        let cb = CompressBuffers {
+            pool: &self.pool_gpu.buffer,
+            page_table: &b.table.buffer,
+            lens: &b.lens.buffer,
+            gamma: Some(&self.gamma_gpu.buffer),
+            freqs: Some(&self.freqs_gpu.buffer),
+            block_keys: &self.keys_gpu.buffer,
+            flags: &b.flags.buffer,
+        };
+        let d = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
+        self.binds.record(&ctx, &mut enc, "compress", 0, d).await?;
+
+        let qp = QsaPrepareQueryParams {
+            t: t as u32,
+            hi: c.hi as u32,
+            di: c.di as u32,
+            dr: c.dr as u32,
+            rope_mode: 2,
+            norm_on: 1,
+            freq_rows: c.max_len as u32,
+            eps: c.epsilon,
+            offset: c.q_norm_offset,
+            ..Default::default()
+        };
+        let qb = QueryBuffers {
+            q_raw: &b.q_raw.buffer,
+            weight: &self.q_norm_gpu.buffer,
+            rope_a: &self.freqs_gpu.buffer,
+            rope_b: &ctx.dummy,
+            positions: &b.pos.buffer,
+            out: &b.q.buffer,
+            flags: &b.flags.buffer,
+        };
+        let d = dispatch_query(&ctx, c.dtype, &qp, &qb)?;
+        self.binds.record(&ctx, &mut enc, "query", 0, d).await?;
+
+        // Score and select in row chunks through one scratch buffer.
+        let sb = ScoreBuffers {
+            query: &b.q.buffer,
+            keys: &self.keys_gpu.buffer,
+            row_offsets: &b.offs.buffer,
+            lens: &b.lens.buffer,
+            weights: None,
+            scores: &b.scores.buffer,
+            flags: &b.flags.buffer,
+        };
+        let (mut base, mut chunk) = (0, 0);
+        while base < t {
+            let rows = b.chunk_rows.min(t - base);
+            let sp = BlockScoreParams {
+                t_total: t as u32,
+                row_base: base as u32,
+                rows: rows as u32,
+                n: n as u32,
+                hi: c.hi as u32,
+                hs: c.hs as u32,
+                di: c.di as u32,
+                r: c.r as u32,
+                max_blocks: self.max_blocks as u32,
+                has_counts: 1,
+                has_weights: 0,
+                scale: c.scale.unwrap_or(1.0 / (c.di as f32).sqrt()),
+            };
+            let d = dispatch_score(&ctx, c.dtype, &sp, &sb)?;
+            self.binds.record(&ctx, &mut enc, "score", chunk, d).await?;
+            let tp = BlockTopkParams {
+                rows: (rows * c.hs) as u32,
+                w: self.max_blocks as u32,
+                k: c.k as u32,
+                out_base: (base * c.hs) as u32,
+            };
+            let (bi, bc) = (&b.block_indices.buffer, &b.block_count.buffer);
+            let d = dispatch_topk(&ctx, &tp, &b.scores.buffer, bi, bc)?;
+            self.binds.record(&ctx, &mut enc, "topk", chunk, d).await?;
+            base += rows;
+            chunk += 1;
+        }
+
+        let ep = ExpandRouteParams {
+            t: t as u32,
+            hs: c.hs as u32,
+            k: c.k as u32,
+            r: c.r as u32,
+            width: c.route_width() as u32,
+            ..Default::default()
+        };
+        let eb = ExpandBuffers {
+            block_indices: &b.block_indices.buffer,
+            block_count: &b.block_count.buffer,
+            positions: &b.pos.buffer,
+            token_indices: &b.token_indices.buffer,
+            token_count: &b.token_count.buffer,
+            flags: &b.flags.buffer,
+        };
+        let d = dispatch_expand(&ctx, &ep, &eb)?;
+        self.binds.record(&ctx, &mut enc, "expand", 0, d).await?;
+        ctx.submit(OP, enc).await?;
+        let b = &self.bufs;
+        Ok(StepOutputs {
+            block_indices: view(&b.block_indices, &[t, c.hs, c.k]),
+            block_count: view(&b.block_count, &[t, c.hs]),
+            token_indices: view(&b.token_indices, &[t, c.hs, c.route_width()]),
+            token_count: view(&b.token_count, &[t, c.hs]),
+            flags: view(&b.flags, &[1]),
+        })
+    }
+}
