@@ -88,13 +88,13 @@ impl IndexerConfig {
 
     fn check(&self) -> Result<()> {
         let bad = |name: &str, msg: String| Err(Error::input(OP, name, msg));
-        if self.hi == 0 || self.hs == 0 || self.hi % self.hs != 0 {
+        if self.hi == 0 || self.hs == 0 || !self.hi.is_multiple_of(self.hs) {
             return bad(
                 "config.hs",
                 format!("Hs = {} must divide Hi = {}", self.hs, self.hi),
             );
         }
-        if self.di == 0 || self.di > 2048 || self.dr > self.di || self.dr % 2 != 0 {
+        if self.di == 0 || self.di > 2048 || self.dr > self.di || !self.dr.is_multiple_of(2) {
             return bad(
                 "config.dr",
                 format!(
@@ -271,7 +271,7 @@ impl QsaIndexer {
                 format!("slot {seq} holds no sequence"),
             ));
         }
-        if raw.len() % di != 0 {
+        if !raw.len().is_multiple_of(di) {
             return Err(Error::input(
                 OP,
                 "raw_keys",
