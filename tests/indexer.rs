@@ -185,7 +185,7 @@ fn decode_loop_selects_what_one_shot_prefill_selects() {
             let joined = cat(&parts.iter().map(|p| p[name].clone()).collect::<Vec<_>>());
             assert_eq!(joined, whole[name], "{dtype}: {name}");
         }
-        assert!(whole["block_count"].to_i32().iter().any(|&c| c == 12));
+        assert!(whole["block_count"].to_i32().contains(&12));
     }
 }
 
