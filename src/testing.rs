@@ -144,3 +144,131 @@ pub fn transform_tol(dtype: DType) -> Tol {
         _ => Tol { abs: 0.0, rel: 0.0 },
     }
 }
+
+/// Tolerance on block scores computed from keys and queries stored as `dtype` (used to accept
+/// a near tie that the rounding of one block key flipped).
+pub fn score_tol(dtype: DType) -> Tol {
+    match dtype {
+        DType::F32 => Tol {
+            abs: 1e-5,
+            rel: 1e-5,
+        },
+        DType::F16 => Tol {
+            abs: 4e-3,
+            rel: 4e-3,
+        },
+        _ => Tol {
+            abs: 3e-2,
+            rel: 3e-2,
+        },
+    }
+}
+
+/// How a selection compared with the reference's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SelectionCheck {
+    /// Rows `(t, g)` compared.
+    pub rows: usize,
+    /// Rows equal to the reference.
+    pub exact: usize,
+    /// Rows that differ only by near ties.
+    pub near_ties: usize,
+}
+
+/// Checks a selection (`block_indices`, `block_count`, `token_indices`, `token_count`) against
+/// the reference's, which also holds the `scores [T, Hs, W]` it selected from. A row passes if
+/// it equals the reference, or if it differs only by near ties: the same count; distinct
+/// blocks, each visible, whose reference scores *in the order chosen* match the reference's
+/// selected scores position by position within `tol`; −1 after them; and its token row is the
+/// expansion of those blocks followed by the reference's tail.
+pub fn check_selection(
+    got: &crate::ops::TensorMap,
+    want: &crate::ops::TensorMap,
+    tol: Tol,
+) -> Result<SelectionCheck, String> {
+    let get = |m: &crate::ops::TensorMap, name: &str| {
+        m.get(name)
+            .map(|t| (t.shape.clone(), t.to_i32()))
+            .ok_or_else(|| format!("missing output {name}"))
+    };
+    let (shape, bi_g) = get(got, "block_indices")?;
+    let (_, bi_w) = get(want, "block_indices")?;
+    for name in [
+        "block_indices",
+        "block_count",
+        "token_indices",
+        "token_count",
+    ] {
+        let (a, b) = (get(got, name)?, get(want, name)?);
+        if a.0 != b.0 {
+            return Err(format!("{name}: shape {:?}, reference {:?}", a.0, b.0));
+        }
+    }
+    let (_, bc) = get(got, "block_count")?;
+    let (_, bc_w) = get(want, "block_count")?;
+    let (tshape, ti_g) = get(got, "token_indices")?;
+    let (_, ti_w) = get(want, "token_indices")?;
+    let (_, tc) = get(got, "token_count")?;
+    let (_, tc_w) = get(want, "token_count")?;
+    let scores = want.get("scores").ok_or("the reference has no scores")?;
+    let (k, width) = (shape[2], tshape[2]);
+    let w = scores.shape[2];
+    let r = (width + 1) / (k + 1);
+    let sc = scores.to_f32();
+    let close = |a: f32, b: f32| (a - b).abs() <= tol.abs + tol.rel * b.abs();
+    let mut out = SelectionCheck {
+        rows: bc.len(),
+        ..Default::default()
+    };
+    for row in 0..bc.len() {
+        let (bs, ts) = (row * k..row * k + k, row * width..row * width + width);
+        if bc[row] != bc_w[row] || tc[row] != tc_w[row] {
+            return Err(format!(
+                "row {row}: block_count {} / token_count {}, reference {} / {}",
+                bc[row], tc[row], bc_w[row], tc_w[row]
+            ));
+        }
+        if bi_g[bs.clone()] == bi_w[bs.clone()] && ti_g[ts.clone()] == ti_w[ts.clone()] {
+            out.exact += 1;
+            continue;
+        }
+        let n = bc[row].max(0) as usize;
+        let mut seen = std::collections::HashSet::new();
+        for s in 0..k {
+            let b = bi_g[row * k + s];
+            if s >= n {
+                if b != -1 {
+                    return Err(format!("row {row} slot {s}: {b} after the count, want -1"));
+                }
+                continue;
+            }
+            if b < 0 || b as usize >= w || !seen.insert(b) {
+                return Err(format!("row {row} slot {s}: block {b} invalid or repeated"));
+            }
+            let (mine, theirs) = (
+                sc[row * w + b as usize],
+                sc[row * w + bi_w[row * k + s] as usize],
+            );
+            if mine == f32::NEG_INFINITY || !close(mine, theirs) {
+                return Err(format!(
+                    "row {row} slot {s}: block {b} scores {mine} in the reference; the reference's choice {} scores {theirs}",
+                    bi_w[row * k + s]
+                ));
+            }
+            for j in 0..r {
+                if ti_g[row * width + s * r + j] != b * r as i32 + j as i32 {
+                    return Err(format!(
+                        "row {row}: token_indices do not expand block {b} at slot {s}"
+                    ));
+                }
+            }
+        }
+        if ti_g[row * width + n * r..row * width + width]
+            != ti_w[row * width + n * r..row * width + width]
+        {
+            return Err(format!("row {row}: token_indices tail differs"));
+        }
+        out.near_ties += 1;
+    }
+    Ok(out)
+}

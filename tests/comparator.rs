@@ -1,7 +1,8 @@
 //! The comparator itself: it accepts equal outputs, and rejects a perturbed one, a sentinel
 //! left by a missed write, and a shape mismatch — with a report of count, worst error, index.
 
-use qsa_wgpu::testing::{compare, transform_tol, Rng};
+use qsa_wgpu::ops::TensorMap;
+use qsa_wgpu::testing::{check_selection, compare, transform_tol, Rng, Tol};
 use qsa_wgpu::{DType, Tensor};
 
 #[test]
@@ -36,4 +37,58 @@ fn rejects_sentinel_and_shape_and_integer_differences() {
     let inf = Tensor::from_f32(DType::F32, &[1], &[f32::NEG_INFINITY]);
     let big = Tensor::from_f32(DType::F32, &[1], &[-1e30]);
     assert!(compare(&big, &inf, transform_tol(DType::F32)).is_err());
+}
+
+/// One row: scores `[1, 1, 5]`, k = 2, r = 2, position 10 (tail 10 at the end).
+fn selection(blocks: [i32; 2], tokens: [i32; 5]) -> TensorMap {
+    let mut m = TensorMap::new();
+    m.insert(
+        "block_indices".into(),
+        Tensor::from_i32(&[1, 1, 2], &blocks),
+    );
+    m.insert("block_count".into(), Tensor::from_i32(&[1, 1], &[2]));
+    m.insert(
+        "token_indices".into(),
+        Tensor::from_i32(&[1, 1, 5], &tokens),
+    );
+    m.insert("token_count".into(), Tensor::from_i32(&[1, 1], &[5]));
+    m
+}
+
+#[test]
+fn selection_check_accepts_near_ties_only() {
+    let mut want = selection([0, 1], [0, 1, 2, 3, 10]);
+    want.insert(
+        "scores".into(),
+        Tensor::from_f32(
+            DType::F32,
+            &[1, 1, 5],
+            &[5.0, 4.0, 3.9999, 1.0, f32::NEG_INFINITY],
+        ),
+    );
+    let tol = Tol {
+        abs: 1e-3,
+        rel: 1e-3,
+    };
+    let same = check_selection(&selection([0, 1], [0, 1, 2, 3, 10]), &want, tol).unwrap();
+    assert_eq!((same.exact, same.near_ties), (1, 0));
+    let tie = check_selection(&selection([0, 2], [0, 1, 4, 5, 10]), &want, tol).unwrap();
+    assert_eq!((tie.exact, tie.near_ties), (0, 1));
+    for (blocks, tokens, why) in [
+        ([0, 3], [0, 1, 6, 7, 10], "a clearly worse block"),
+        ([1, 0], [2, 3, 0, 1, 10], "the wrong order"),
+        ([0, 4], [0, 1, 8, 9, 10], "an invisible block"),
+        ([0, 0], [0, 1, 0, 1, 10], "a repeated block"),
+        (
+            [0, 2],
+            [0, 1, 2, 3, 10],
+            "tokens that do not expand the blocks",
+        ),
+        ([0, 2], [0, 1, 4, 5, 9], "a wrong tail"),
+    ] {
+        assert!(
+            check_selection(&selection(blocks, tokens), &want, tol).is_err(),
+            "accepted {why}"
+        );
+    }
 }
