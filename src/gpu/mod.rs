@@ -195,10 +195,20 @@ impl Context {
 
     /// Waits for submitted work (native only; in the browser the readback future waits).
     pub fn wait(&self) -> Result<()> {
+        // Waits in slices: wgpu's GL backend holds its one context lock while it waits, and
+        // other threads give up on that lock after a few seconds.
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Gpu(format!("poll: {e}")))?;
+        loop {
+            let wait = wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(std::time::Duration::from_millis(50)),
+            };
+            match self.device.poll(wait) {
+                Ok(_) => break,
+                Err(wgpu::PollError::Timeout) => std::thread::yield_now(),
+                Err(e) => return Err(Error::Gpu(format!("poll: {e}"))),
+            }
+        }
         Ok(())
     }
 
