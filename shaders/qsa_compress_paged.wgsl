@@ -24,10 +24,14 @@ struct QsaCompressParams {
     full: u32,         // 1: mode = full
     eps: f32,
     offset: f32,
+    page_lo: u32,      // `pool` holds pages page_lo .. page_lo + shard_pages only: blocks on
+    shard_pages: u32,  // other pages are left to another dispatch (a pool split in shards)
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: QsaCompressParams;
-@group(0) @binding(1) var<storage, read> pool: array<u32>;        // [num_pages, 2, layers, page_size, 1, Di] T
+@group(0) @binding(1) var<storage, read> pool: array<u32>;        // [shard_pages, 2, layers, page_size, 1, Di] T
 @group(0) @binding(2) var<storage, read> page_table: array<u32>;  // [N, max_pages] u32
 @group(0) @binding(3) var<storage, read> lens: array<u32>;        // [2, N]: cache_lengths, key_counts
 @group(0) @binding(4) var<storage, read> gamma: array<u32>;       // [Di] T
@@ -45,6 +49,7 @@ fn st_keys(i: u32, v: f32) {
 
 var<workgroup> row_base: array<u32, 64>;  // pool offset of each token row of the block (r <= 64)
 var<workgroup> bad: atomic<u32>;
+const NOT_MINE: u32 = 0x80000000u;  // a page of another shard: skip the block, no flag
 var<workgroup> bad_all: u32;
 
 @compute @workgroup_size(64)
@@ -87,8 +92,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let page = page_table[n * P.max_pages + slot];
             if (page >= P.num_pages) {
                 atomicOr(&bad, FLAG_PAGE);
+            } else if (page < P.page_lo || page - P.page_lo >= P.shard_pages) {
+                atomicOr(&bad, NOT_MINE);
             } else {
-                base = page * P.page_stride + P.k_off + (pos % P.page_size) * P.di;
+                base = (page - P.page_lo) * P.page_stride + P.k_off + (pos % P.page_size) * P.di;
             }
         }
         row_base[lid] = base;
@@ -100,7 +107,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (lid == 0u) { bad_all = atomicLoad(&bad); }
     let problems = workgroupUniformLoad(&bad_all);
     if (problems != 0u) {
-        if (lid == 0u) { atomicOr(&flags, problems); }
+        if (lid == 0u && (problems & ~NOT_MINE) != 0u) { atomicOr(&flags, problems & ~NOT_MINE); }
         return;
     }
 

@@ -197,6 +197,19 @@ impl PagedPool {
         }
     }
 
+    /// Shortens sequence `seq` to its first `len` tokens (a rejected draft, a rolled-back
+    /// turn); pages past the new end go back to the free list.
+    pub fn truncate(&mut self, seq: usize, len: usize) {
+        let ps = self.layout.page_size;
+        if let Some(Some(pages)) = self.tables.get_mut(seq) {
+            if len < self.lengths[seq] {
+                self.lengths[seq] = len;
+                let keep = len.div_ceil(ps);
+                self.free.extend(pages.drain(keep..).rev());
+            }
+        }
+    }
+
     /// Appends `tokens` rows of `[num_kv_heads · head_dim]` values (as f32, rounded to the
     /// pool type) to plane `plane`, layer `layer` of sequence `seq`, growing its page table.
     pub fn append(&mut self, seq: usize, plane: usize, layer: usize, rows: &[f32]) -> Result<()> {

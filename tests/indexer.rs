@@ -1,6 +1,6 @@
 //! The orchestrated step: one submission of compress → query → score → top-k → expand equals
 //! the composition of the CPU operators over chunked prefills and decode rows mixed in a
-//! ragged batch; after the first step no pipeline and no bind group is built; the chunked
+//! ragged batch; after the first step no bind group (hence no pipeline) is built; the chunked
 //! score path equals the direct one; a decode loop selects what a one-shot prefill selects;
 //! the order of the pool's pages changes nothing; freed slots are reused.
 
@@ -8,7 +8,7 @@ mod util;
 
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::TensorMap;
-use qsa_wgpu::testing::Rng;
+use qsa_wgpu::testing::{check_selection, score_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
 
 const NAMES: [&str; 4] = [
@@ -36,6 +36,7 @@ fn config(dtype: DType, hs: usize, k: usize) -> IndexerConfig {
         max_seqs: 3,
         max_step_tokens: 160,
         score_chunk_rows: None,
+        pool_shard_pages: None,
     }
 }
 
@@ -97,7 +98,7 @@ fn step_equals_cpu_composition_and_reuses_everything() {
             vec![1, 0, 1],
             vec![2, 1, 1],
         ];
-        let (mut pipes, mut groups) = (0, 0);
+        let mut groups = 0;
         for (i, step) in steps.iter().enumerate() {
             for (s, &cnt) in step.iter().enumerate() {
                 ix.append_keys(s, &rng.normals(cnt * 40)).unwrap();
@@ -110,14 +111,13 @@ fn step_equals_cpu_composition_and_reuses_everything() {
                 assert_eq!(got[name], want[name], "hs={hs} step {i}: {name}");
             }
             if i == 0 {
-                (pipes, groups) = (ix.pipelines_created(), ix.bind_groups_created());
+                groups = ix.bind_groups_created();
             }
         }
-        assert_eq!(
-            ix.pipelines_created(),
-            pipes,
-            "a pipeline was built after step 0"
-        );
+        // A layer looks a pipeline up only when it builds a bind group, so no pipeline is
+        // built for it after step 0 either. (The context-wide pipeline count would also see
+        // the tests running beside this one.)
+        assert!(groups > 0);
         assert_eq!(
             ix.bind_groups_created(),
             groups,
@@ -190,7 +190,7 @@ fn decode_loop_selects_what_one_shot_prefill_selects() {
 }
 
 #[test]
-fn page_order_changes_nothing() {
+fn page_order_and_pool_shards_change_nothing() {
     let mut rng = Rng::new(44);
     let cfg = config(DType::F16, 1, 10);
     let n = pages(&cfg);
@@ -199,10 +199,16 @@ fn page_order_changes_nothing() {
         (0..n as u32).rev().collect(),
         rng.permutation(n),
     ];
+    // The last layer also splits its device pool in shards of 4 pages.
+    let sharded = IndexerConfig {
+        pool_shard_pages: Some(4),
+        ..cfg.clone()
+    };
     let mut layers: Vec<QsaIndexer> = orders
         .iter()
-        .map(|o| {
-            let mut ix = layer(&cfg, 3, o.clone());
+        .enumerate()
+        .map(|(i, o)| {
+            let mut ix = layer(if i == 2 { &sharded } else { &cfg }, 3, o.clone());
             ix.add_sequence().unwrap();
             ix.add_sequence().unwrap();
             ix
@@ -258,4 +264,49 @@ fn freed_slots_are_reused() {
     run(&mut ix, &[1, 1, 1]);
     let err = pollster::block_on(ix.step(&[1, 1], &Tensor::zeros(DType::F32, &[2, 4, 40])));
     assert!(err.is_err(), "a step needs one count per slot");
+}
+
+#[test]
+fn extend_then_decode_and_truncate_then_redo() {
+    let mut rng = Rng::new(66);
+    let cfg = IndexerConfig {
+        pool_shard_pages: Some(3),
+        ..config(DType::BF16, 1, 9)
+    };
+    let (keys, q) = sequence(&mut rng, &cfg, 140);
+    let order = rng.permutation(pages(&cfg));
+    // Reference: every token through full steps.
+    let mut full = layer(&cfg, 4, order.clone());
+    full.add_sequence().unwrap();
+    full.append_keys(0, &keys[..120 * 40]).unwrap();
+    gpu_step(&mut full, &[120], &rows(&q, 0, 120));
+    // The same context through a keys-only extend, on the GPU and on the CPU.
+    let mut ext = layer(&cfg, 4, order);
+    ext.add_sequence().unwrap();
+    ext.append_keys(0, &keys[..120 * 40]).unwrap();
+    pollster::block_on(ext.extend(&[120])).unwrap();
+    ext.extend_cpu(&[120]).unwrap();
+    for at in 120..140 {
+        let qa = rows(&q, at, at + 1);
+        for ix in [&mut full, &mut ext] {
+            ix.append_keys(0, &keys[at * 40..(at + 1) * 40]).unwrap();
+        }
+        let want = gpu_step(&mut full, &[1], &qa);
+        let got = gpu_step(&mut ext, &[1], &qa);
+        let cpu = ext.step_cpu(&[1], &qa).unwrap();
+        for name in NAMES {
+            assert_eq!(got[name], want[name], "position {at}: {name}");
+        }
+        check_selection(&got, &cpu, score_tol(DType::BF16)).unwrap();
+        // Roll the token back and run it again: the same selection, the same pages.
+        let pages_before = ext.pool.tables[0].clone();
+        ext.truncate(0, at).unwrap();
+        ext.append_keys(0, &keys[at * 40..(at + 1) * 40]).unwrap();
+        assert_eq!(ext.pool.tables[0], pages_before);
+        let again = gpu_step(&mut ext, &[1], &qa);
+        for name in NAMES {
+            assert_eq!(again[name], got[name], "redo at {at}: {name}");
+        }
+    }
+    assert!(ext.truncate(0, 500).is_err());
 }

@@ -167,7 +167,11 @@ fn params_structs_match_wgsl_layout() {
             norm_on,
             full,
             eps,
-            offset
+            offset,
+            page_lo,
+            shard_pages,
+            _pad0,
+            _pad1
         ]
     );
     check_params!(

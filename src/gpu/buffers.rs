@@ -85,6 +85,7 @@ impl GpuTensor {
 /// Copies several buffers into staging buffers in one submission and maps them together.
 pub struct Readback {
     staging: Vec<(wgpu::Buffer, u64)>,
+    submission: wgpu::SubmissionIndex,
 }
 
 impl Readback {
@@ -109,8 +110,11 @@ impl Readback {
                 (dst, *bytes)
             })
             .collect();
-        ctx.queue.submit([enc.finish()]);
-        Readback { staging }
+        let submission = ctx.queue.submit([enc.finish()]);
+        Readback {
+            staging,
+            submission,
+        }
     }
 
     /// Maps every staging buffer and returns their bytes, in order.
@@ -123,7 +127,7 @@ impl Readback {
             });
             rxs.push(rx);
         }
-        ctx.wait()?;
+        ctx.wait_for(Some(self.submission.clone()))?;
         let mut out = Vec::new();
         for ((buf, bytes), rx) in self.staging.iter().zip(rxs) {
             rx.await

@@ -193,14 +193,20 @@ impl Context {
         Ok(())
     }
 
-    /// Waits for submitted work (native only; in the browser the readback future waits).
+    /// Waits for all submitted work (native only; in the browser the readback future waits).
     pub fn wait(&self) -> Result<()> {
-        // Waits in slices: wgpu's GL backend holds its one context lock while it waits, and
-        // other threads give up on that lock after a few seconds.
+        self.wait_for(None)
+    }
+
+    /// Waits for one submission (`None`: the latest); native only.
+    ///
+    /// It waits in slices: wgpu's GL backend holds its one context lock while it waits, and
+    /// other threads give up on that lock after a few seconds.
+    pub fn wait_for(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
         loop {
             let wait = wgpu::PollType::Wait {
-                submission_index: None,
+                submission_index: submission.clone(),
                 timeout: Some(std::time::Duration::from_millis(50)),
             };
             match self.device.poll(wait) {
@@ -209,6 +215,8 @@ impl Context {
                 Err(e) => return Err(Error::Gpu(format!("poll: {e}"))),
             }
         }
+        #[cfg(target_arch = "wasm32")]
+        let _ = submission;
         Ok(())
     }
 

@@ -50,6 +50,8 @@ pub struct IndexerConfig {
     /// score matrix `[T, Hs, max_blocks]` f32 is computed and selected from in row chunks
     /// that reuse one scratch buffer, so it never has to exist whole.
     pub score_chunk_rows: Option<usize>,
+    /// Caps the pages of one device pool shard. `None`: as many as one storage binding holds.
+    pub pool_shard_pages: Option<usize>,
 }
 
 impl IndexerConfig {
@@ -73,6 +75,7 @@ impl IndexerConfig {
             max_seqs,
             max_step_tokens: 2048.min(max_len * max_seqs),
             score_chunk_rows: None,
+            pool_shard_pages: None,
         }
     }
 
@@ -112,10 +115,24 @@ impl IndexerConfig {
                 ),
             );
         }
-        if self.max_step_tokens == 0 || self.score_chunk_rows == Some(0) {
+        if !self.page_size.is_multiple_of(self.r)
+            || !(self.page_size * self.di * self.dtype.size()).is_multiple_of(4)
+        {
+            return bad(
+                "config.page_size",
+                format!(
+                    "page_size {} must be a multiple of r = {} and hold whole 32-bit words of {} keys",
+                    self.page_size, self.r, self.dtype
+                ),
+            );
+        }
+        if self.max_step_tokens == 0
+            || self.score_chunk_rows == Some(0)
+            || self.pool_shard_pages == Some(0)
+        {
             return bad(
                 "config.max_step_tokens",
-                "max_step_tokens and score_chunk_rows must be positive".into(),
+                "max_step_tokens, score_chunk_rows and pool_shard_pages must be positive".into(),
             );
         }
         Ok(())
@@ -128,7 +145,10 @@ pub struct QsaIndexer {
     pub cfg: IndexerConfig,
     ctx: Arc<Context>,
     pub pool: PagedPool,
-    pool_gpu: GpuTensor,
+    /// The raw keys on the device, K rows only (`[pages, page_size, Di]`), split in shards of
+    /// `shard_pages` pages so each fits one storage binding.
+    pool_gpu: Vec<GpuTensor>,
+    shard_pages: usize,
     pub block_keys: Tensor,
     keys_gpu: GpuTensor,
     pub k_norm: Tensor,
@@ -198,9 +218,39 @@ impl QsaIndexer {
         let max_blocks = cfg.max_blocks();
         let block_keys = Tensor::zeros(cfg.dtype, &[cfg.max_seqs * max_blocks, cfg.di]);
         let freqs = rotary_table(cfg.dtype, cfg.max_len, cfg.dr);
+        let page_bytes = (cfg.page_size * cfg.di * cfg.dtype.size()) as u64;
+        let fit = ctx
+            .limits
+            .max_storage_buffer_binding_size
+            .min(ctx.limits.max_buffer_size)
+            / page_bytes;
+        if fit == 0 {
+            return Err(Error::Limit {
+                op: OP,
+                input: "pool page".into(),
+                need: page_bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit: ctx.limits.max_storage_buffer_binding_size,
+            });
+        }
+        let shard_pages = (fit as usize)
+            .min(num_pages)
+            .min(cfg.pool_shard_pages.unwrap_or(usize::MAX));
+        let mut pool_gpu = Vec::new();
+        for lo in (0..num_pages).step_by(shard_pages) {
+            let pages = shard_pages.min(num_pages - lo);
+            pool_gpu.push(GpuTensor::filled(
+                &ctx,
+                "qsa.indexer.pool",
+                cfg.dtype,
+                &[pages, cfg.page_size, cfg.di],
+                0,
+            )?);
+        }
         let up = |n: &str, t: &Tensor| GpuTensor::upload(&ctx, n, t);
         Ok(QsaIndexer {
-            pool_gpu: up("qsa.indexer.pool", &pool.tensor())?,
+            pool_gpu,
+            shard_pages,
             keys_gpu: up("qsa.indexer.block_keys", &block_keys)?,
             gamma_gpu: up("qsa.indexer.k_norm", &k_norm)?,
             q_norm_gpu: up("qsa.indexer.q_norm", &q_norm)?,
@@ -296,22 +346,48 @@ impl QsaIndexer {
         let es = self.cfg.dtype.size();
         let ps = self.cfg.page_size;
         let table = self.pool.tables[seq].clone().unwrap();
-        // One write per page touched: the K rows of one page are contiguous (one layer, one
-        // head). write_buffer takes 4-byte multiples, so a 16-bit run of odd length is widened
-        // to whole words, copying its neighbours' (identical) bytes from the host mirror.
+        // One write per page touched. Within a page the K rows are contiguous on the host and
+        // on the device alike, and pages start on whole words (checked by the config), so a
+        // 16-bit run of odd length is widened to whole words with its neighbours' (identical)
+        // bytes from the host mirror.
         let mut t = start;
         while t < start + count {
             let run = (ps - t % ps).min(start + count - t);
             let page = table[t / ps] as usize;
-            let off = self.pool.layout.offset(page, 0, 0, t % ps, 0) * es;
-            let (lo, hi) = (off / 4 * 4, (off + run * di * es).div_ceil(4) * 4);
+            let host_page = self.pool.layout.offset(page, 0, 0, 0, 0) * es;
+            let (a, b) = ((t % ps) * di * es, (t % ps + run) * di * es);
+            let (lo, hi) = (a / 4 * 4, b.div_ceil(4) * 4);
+            let dev_page = (page % self.shard_pages) * ps * di * es;
             self.ctx.queue.write_buffer(
-                &self.pool_gpu.buffer,
-                lo as u64,
-                &self.pool.data.data[lo..hi],
+                &self.pool_gpu[page / self.shard_pages].buffer,
+                (dev_page + lo) as u64,
+                &self.pool.data.data[host_page + lo..host_page + hi],
             );
             t += run;
         }
+        Ok(())
+    }
+
+    /// Shortens the sequence in `slot` to its first `len` tokens (a rejected speculative draft,
+    /// a rolled-back turn). Its block keys past `len / r` are recomputed as blocks complete
+    /// again.
+    pub fn truncate(&mut self, slot: usize, len: usize) -> Result<()> {
+        if !self.is_live(slot) || len > self.len(slot) {
+            return Err(Error::input(
+                OP,
+                "len",
+                format!(
+                    "slot {slot} holds {} tokens{}; cannot truncate to {len}",
+                    self.len(slot),
+                    if self.is_live(slot) {
+                        ""
+                    } else {
+                        " (no sequence)"
+                    }
+                ),
+            ));
+        }
+        self.pool.truncate(slot, len);
         Ok(())
     }
 
@@ -345,17 +421,6 @@ impl QsaIndexer {
             positions.extend((c..len).map(|p| p as i32));
             offsets.push(offsets[s] + new as u32);
         }
-        if positions.len() > self.cfg.max_step_tokens {
-            return Err(Error::input(
-                OP,
-                "new_tokens",
-                format!(
-                    "{} rows in one step > max_step_tokens {}",
-                    positions.len(),
-                    self.cfg.max_step_tokens
-                ),
-            ));
-        }
         let all: Vec<usize> = (0..slots).collect();
         let table = self.pool.page_table(&all, self.max_pages, 0);
         Ok((offsets, cache, positions, table))
@@ -366,8 +431,8 @@ impl QsaIndexer {
         self.ctx.cache.created()
     }
 
-    /// Bind groups built so far by this layer's context.
+    /// Bind groups this layer has built.
     pub fn bind_groups_created(&self) -> usize {
-        self.ctx.cache.bind_groups_created()
+        self.binds.created()
     }
 }

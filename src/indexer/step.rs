@@ -125,20 +125,52 @@ impl QsaIndexer {
         new_tokens: &[usize],
         index_query_raw: &Tensor,
     ) -> Result<StepOutputs> {
+        self.record(new_tokens, Some(index_query_raw)).await
+    }
+
+    /// Compresses the blocks the appended keys complete, selecting nothing: a step for tokens
+    /// whose queries need no selection (a restored context, a prefill computed elsewhere).
+    /// Returns once submitted; a later step or read waits for it.
+    pub async fn extend(&mut self, new_tokens: &[usize]) -> Result<()> {
+        self.record(new_tokens, None).await.map(|_| ())
+    }
+
+    async fn record(
+        &mut self,
+        new_tokens: &[usize],
+        index_query_raw: Option<&Tensor>,
+    ) -> Result<StepOutputs> {
         let ctx = self.ctx.clone();
         let c = self.cfg.clone();
         let (offsets, cache, positions, table) = self.step_tensors(new_tokens)?;
         let n = cache.len();
-        let t = positions.len();
-        if index_query_raw.shape != [t, c.hi, c.di] || index_query_raw.dtype != c.dtype {
+        // Rows that get a selection: none for a keys-only step.
+        let t = if index_query_raw.is_some() {
+            positions.len()
+        } else {
+            0
+        };
+        if t > c.max_step_tokens {
             return Err(Error::input(
                 OP,
-                "index_query_raw",
+                "new_tokens",
                 format!(
-                    "expected [{t}, {}, {}] {}, got {:?} {}",
-                    c.hi, c.di, c.dtype, index_query_raw.shape, index_query_raw.dtype
+                    "{t} rows in one step > max_step_tokens {}",
+                    c.max_step_tokens
                 ),
             ));
+        }
+        if let Some(q) = index_query_raw {
+            if q.shape != [t, c.hi, c.di] || q.dtype != c.dtype {
+                return Err(Error::input(
+                    OP,
+                    "index_query_raw",
+                    format!(
+                        "expected [{t}, {}, {}] {}, got {:?} {}",
+                        c.hi, c.di, c.dtype, q.shape, q.dtype
+                    ),
+                ));
+            }
         }
         let counts: Vec<u32> = offsets
             .windows(2)
@@ -154,8 +186,10 @@ impl QsaIndexer {
         write(&ctx, &b.table.buffer, &table.data);
         write(&ctx, &b.lens.buffer, bytemuck::cast_slice(&lens));
         write(&ctx, &b.offs.buffer, bytemuck::cast_slice(&offsets));
-        write(&ctx, &b.pos.buffer, bytemuck::cast_slice(&positions));
-        write(&ctx, &b.q_raw.buffer, &index_query_raw.data);
+        if let Some(q) = index_query_raw {
+            write(&ctx, &b.pos.buffer, bytemuck::cast_slice(&positions));
+            write(&ctx, &b.q_raw.buffer, &q.data);
+        }
         write(&ctx, &b.flags.buffer, &[0; 4]);
 
         let mut enc = ctx
@@ -163,36 +197,49 @@ impl QsaIndexer {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("qsa.indexer.step"),
             });
-        let layout = self.pool.layout;
-        let cp = QsaCompressParams {
-            n: n as u32,
-            di: c.di as u32,
-            dr: c.dr as u32,
-            r: c.r as u32,
-            page_size: c.page_size as u32,
-            k_off: 0,
-            page_stride: layout.page_stride as u32,
-            num_pages: layout.num_pages as u32,
-            max_pages: self.max_pages as u32,
-            max_blocks: self.max_blocks as u32,
-            freq_rows: c.max_len as u32,
-            span: span as u32,
-            norm_on: 1,
-            full: 0,
-            eps: c.epsilon,
-            offset: c.k_norm_offset,
-        };
-        let cb = CompressBuffers {
-            pool: &self.pool_gpu.buffer,
-            page_table: &b.table.buffer,
-            lens: &b.lens.buffer,
-            gamma: Some(&self.gamma_gpu.buffer),
-            freqs: Some(&self.freqs_gpu.buffer),
-            block_keys: &self.keys_gpu.buffer,
-            flags: &b.flags.buffer,
-        };
-        let d = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
-        self.binds.record(&ctx, &mut enc, "compress", 0, d).await?;
+        // The device pool holds K rows only: pages of page_size · Di elements.
+        let page_stride = c.page_size * c.di;
+        for (shard, pool) in self.pool_gpu.iter().enumerate() {
+            let cp = QsaCompressParams {
+                n: n as u32,
+                di: c.di as u32,
+                dr: c.dr as u32,
+                r: c.r as u32,
+                page_size: c.page_size as u32,
+                k_off: 0,
+                page_stride: page_stride as u32,
+                num_pages: self.pool.layout.num_pages as u32,
+                max_pages: self.max_pages as u32,
+                max_blocks: self.max_blocks as u32,
+                freq_rows: c.max_len as u32,
+                span: span as u32,
+                norm_on: 1,
+                full: 0,
+                eps: c.epsilon,
+                offset: c.k_norm_offset,
+                page_lo: (shard * self.shard_pages) as u32,
+                shard_pages: pool.shape[0] as u32,
+                _pad0: 0,
+                _pad1: 0,
+            };
+            let cb = CompressBuffers {
+                pool: &pool.buffer,
+                page_table: &b.table.buffer,
+                lens: &b.lens.buffer,
+                gamma: Some(&self.gamma_gpu.buffer),
+                freqs: Some(&self.freqs_gpu.buffer),
+                block_keys: &self.keys_gpu.buffer,
+                flags: &b.flags.buffer,
+            };
+            let d = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
+            self.binds
+                .record(&ctx, &mut enc, "compress", shard, d)
+                .await?;
+        }
+        if index_query_raw.is_none() {
+            ctx.submit(OP, enc).await?;
+            return Ok(self.outputs(0));
+        }
 
         let qp = QsaPrepareQueryParams {
             t: t as u32,
@@ -279,13 +326,18 @@ impl QsaIndexer {
         let d = dispatch_expand(&ctx, &ep, &eb)?;
         self.binds.record(&ctx, &mut enc, "expand", 0, d).await?;
         ctx.submit(OP, enc).await?;
-        let b = &self.bufs;
-        Ok(StepOutputs {
+        Ok(self.outputs(t))
+    }
+
+    /// Views of the output buffers over `t` rows.
+    fn outputs(&self, t: usize) -> StepOutputs {
+        let (b, c) = (&self.bufs, &self.cfg);
+        StepOutputs {
             block_indices: view(&b.block_indices, &[t, c.hs, c.k]),
             block_count: view(&b.block_count, &[t, c.hs]),
             token_indices: view(&b.token_indices, &[t, c.hs, c.route_width()]),
             token_count: view(&b.token_count, &[t, c.hs]),
             flags: view(&b.flags, &[1]),
-        })
+        }
     }
 }

@@ -346,9 +346,16 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
 #[derive(Default)]
 pub struct BindCache {
     map: std::collections::HashMap<(&'static str, usize, PipelineKey, Vec<wgpu::Buffer>), Bound>,
+    created: usize,
 }
 
 impl BindCache {
+    /// Bind groups this cache has built. The pipeline cache is consulted only when one is
+    /// built, so a count that stays put also means no pipeline was built for this cache.
+    pub fn created(&self) -> usize {
+        self.created
+    }
+
     /// Records `d` as slot `slot` of `stage`; each (stage, slot) may be recorded once per
     /// submission.
     pub async fn record(
@@ -366,6 +373,7 @@ impl BindCache {
             self.map.retain(|k, _| !(k.0 == stage && k.1 == slot));
             let b = Bound::new(ctx, &d).await?;
             self.map.insert(key.clone(), b);
+            self.created += 1;
         }
         self.map[&key].record(ctx, enc, d.params, d.groups);
         Ok(())

@@ -362,6 +362,12 @@ pub struct QsaCompressParams {
     pub full: u32,
     pub eps: f32,
     pub offset: f32,
+    /// First page of the pool binding (0 unless the pool is split in shards).
+    pub page_lo: u32,
+    /// Pages in the pool binding; blocks on other pages are skipped.
+    pub shard_pages: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
 }
 
 /// Buffers of one compress dispatch, already on the device.
@@ -396,6 +402,10 @@ pub fn params(p: &Plan, a: &QsaCompressAttrs, norm_on: bool) -> QsaCompressParam
         full: (a.mode == CompressMode::Full) as u32,
         eps: a.epsilon,
         offset: a.norm_weight_offset,
+        page_lo: 0,
+        shard_pages: l.num_pages as u32,
+        _pad0: 0,
+        _pad1: 0,
     }
 }
 
