@@ -3,9 +3,11 @@
 
 mod buffers;
 mod cache;
+mod timer;
 
 pub use buffers::{GpuTensor, Readback};
 pub use cache::{CachedPipeline, PipelineCache, PipelineKey};
+pub use timer::Timer;
 
 use crate::error::{Error, Result};
 use std::sync::Arc;

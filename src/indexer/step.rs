@@ -197,6 +197,9 @@ impl QsaIndexer {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("qsa.indexer.step"),
             });
+        if let Some(timer) = &mut self.binds.timer {
+            timer.clear();
+        }
         // The device pool holds K rows only: pages of page_size · Di elements.
         let page_stride = c.page_size * c.di;
         for (shard, pool) in self.pool_gpu.iter().enumerate() {
@@ -237,6 +240,9 @@ impl QsaIndexer {
                 .await?;
         }
         if index_query_raw.is_none() {
+            if let Some(timer) = &self.binds.timer {
+                timer.resolve(&mut enc);
+            }
             ctx.submit(OP, enc).await?;
             return Ok(self.outputs(0));
         }
@@ -325,8 +331,31 @@ impl QsaIndexer {
         };
         let d = dispatch_expand(&ctx, &ep, &eb)?;
         self.binds.record(&ctx, &mut enc, "expand", 0, d).await?;
+        if let Some(timer) = &self.binds.timer {
+            timer.resolve(&mut enc);
+        }
         ctx.submit(OP, enc).await?;
         Ok(self.outputs(t))
+    }
+
+    /// Turns GPU timing of the stages on or off; returns whether the adapter can time them
+    /// (it needs timestamp queries).
+    pub fn set_timing(&mut self, on: bool) -> bool {
+        self.binds.timer = if on {
+            crate::gpu::Timer::new(&self.ctx, 256)
+        } else {
+            None
+        };
+        self.binds.timer.is_some()
+    }
+
+    /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk`, `expand`; chunks
+    /// summed) of the last step, when timing is on.
+    pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {
+        match &self.binds.timer {
+            Some(t) => Ok(Some(t.read(&self.ctx).await?)),
+            None => Ok(None),
+        }
     }
 
     /// Views of the output buffers over `t` rows.

@@ -308,13 +308,15 @@ impl Bound {
         })
     }
 
-    /// Writes `params` and records one dispatch of `groups` workgroups into `enc`.
+    /// Writes `params` and records one dispatch of `groups` workgroups into `enc`, in a pass
+    /// that writes `timestamps` when given.
     pub fn record(
         &self,
         ctx: &Context,
         enc: &mut wgpu::CommandEncoder,
         params: &[u8],
         groups: u32,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) {
         let mut bytes = params.to_vec();
         bytes.resize(self.uniform.size() as usize, 0);
@@ -322,7 +324,7 @@ impl Bound {
         let (x, y) = ctx.grid(groups);
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(&self.label),
-            timestamp_writes: None,
+            timestamp_writes: timestamps,
         });
         pass.set_pipeline(&self.pipeline.pipeline);
         pass.set_bind_group(0, &self.group, &[]);
@@ -336,7 +338,7 @@ impl Bound {
 pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'_>) -> Result<()> {
     Bound::new(ctx, &d)
         .await?
-        .record(ctx, enc, d.params, d.groups);
+        .record(ctx, enc, d.params, d.groups, None);
     Ok(())
 }
 
@@ -347,6 +349,8 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
 pub struct BindCache {
     map: std::collections::HashMap<(&'static str, usize, PipelineKey, Vec<wgpu::Buffer>), Bound>,
     created: usize,
+    /// When set, every recorded pass writes timestamps labelled by its stage.
+    pub timer: Option<crate::gpu::Timer>,
 }
 
 impl BindCache {
@@ -375,7 +379,8 @@ impl BindCache {
             self.map.insert(key.clone(), b);
             self.created += 1;
         }
-        self.map[&key].record(ctx, enc, d.params, d.groups);
+        let ts = self.timer.as_mut().and_then(|t| t.writes(stage));
+        self.map[&key].record(ctx, enc, d.params, d.groups, ts);
         Ok(())
     }
 }
