@@ -42,6 +42,14 @@ pub const FILES: &[(&str, &str)] = &[
         "expand_route.wgsl",
         include_str!("../shaders/expand_route.wgsl"),
     ),
+    (
+        "nsa_compress.wgsl",
+        include_str!("../shaders/nsa_compress.wgsl"),
+    ),
+    (
+        "nsa_compress_attention.wgsl",
+        include_str!("../shaders/nsa_compress_attention.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

@@ -272,3 +272,58 @@ pub fn check_selection(
     }
     Ok(out)
 }
+
+/// Compares two selections `[rows, k]` i32 (−1 = unused slot) that were ranked from scores
+/// near `scores` (`[rows, w]` f32, the reference's). Slot by slot the indices must be equal,
+/// except where the reference scores of the two picks are both finite and within `tol` of each
+/// other: a near tie that f32 rounding may order either way. Unused slots must coincide, picks
+/// must lie in `0 … w − 1` and be distinct within a row. Returns the number of accepted
+/// near-tie differences.
+pub fn compare_selection(
+    got: &Tensor,
+    want: &Tensor,
+    scores: &[f32],
+    w: usize,
+    tol: Tol,
+) -> Result<usize, String> {
+    if got.shape != want.shape || got.dtype != DType::I32 || want.dtype != DType::I32 {
+        return Err(format!(
+            "shape/type differ: got {:?} {}, want {:?} {}",
+            got.shape, got.dtype, want.shape, want.dtype
+        ));
+    }
+    let k = *got.shape.last().unwrap_or(&1);
+    let (g, v) = (got.to_i32(), want.to_i32());
+    if scores.len() != g.len() / k.max(1) * w {
+        return Err(format!(
+            "{} scores for {} rows of width {w}",
+            scores.len(),
+            g.len() / k.max(1)
+        ));
+    }
+    let mut accepted = 0;
+    for (row, (gr, wr)) in g.chunks(k.max(1)).zip(v.chunks(k.max(1))).enumerate() {
+        let srow = &scores[row * w..][..w];
+        for (slot, (&a, &b)) in gr.iter().zip(wr).enumerate() {
+            let at = format!("row {row}, slot {slot}: got {a}, want {b}");
+            if a < -1 || a >= w as i32 || (a >= 0 && gr[..slot].contains(&a)) {
+                return Err(format!("{at}: out of range or repeated; row {gr:?}"));
+            }
+            if a == b {
+                continue;
+            }
+            if a < 0 || b < 0 {
+                return Err(format!("{at}: used and unused slots differ"));
+            }
+            let (sa, sb) = (srow[a as usize], srow[b as usize]);
+            if !sa.is_finite() || !sb.is_finite() || (sa - sb).abs() > tol.abs + tol.rel * sb.abs()
+            {
+                return Err(format!(
+                    "{at}: reference scores {sa} and {sb} are not a near tie"
+                ));
+            }
+            accepted += 1;
+        }
+    }
+    Ok(accepted)
+}

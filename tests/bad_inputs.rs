@@ -1,6 +1,9 @@
-//! Every host-checkable rule of SPEC §1–§3 gets a typed error that names the operator, the
-//! input or attribute, and the value — on the CPU and the GPU path alike, before any dispatch.
+//! Every host-checkable rule of SPEC §1–§3 and §8 gets a typed error that names the operator,
+//! the input or attribute, and the value — on the CPU and the GPU path alike, before any
+//! dispatch. The NSA rules are in `bad_inputs/nsa.rs`.
 
+#[path = "bad_inputs/nsa.rs"]
+mod nsa;
 mod util;
 
 use qsa_wgpu::ops::{run_blocking, AttrMap, Exec, TensorMap};

@@ -3,7 +3,8 @@
 //! its WGSL twin. All failures are reported together, each with its shader's name.
 
 use qsa_wgpu::ops::{
-    block_score, block_topk, expand_route, qsa_compress_paged, qsa_prepare, qsa_prepare_query,
+    block_score, block_topk, expand_route, nsa_compress, nsa_compress_attention,
+    qsa_compress_paged, qsa_prepare, qsa_prepare_query,
 };
 use qsa_wgpu::shaders;
 
@@ -76,7 +77,10 @@ fn every_shader_validates_and_translates() {
             }
         }
     }
-    assert!(count >= 9, "expected every operator shader, found {count}");
+    assert!(
+        count >= 8 * 3,
+        "expected every operator shader, found {count}"
+    );
     assert!(
         failures.is_empty(),
         "{} shader failures:\n{}",
@@ -210,5 +214,20 @@ fn params_structs_match_wgsl_layout() {
         expand_route::ExpandRouteParams,
         "ExpandRouteParams",
         [t, hs, k, r, width, _pad0, _pad1, _pad2]
+    );
+    check_params!(
+        "nsa_compress",
+        nsa_compress::NsaCompressParams,
+        "NsaCompressParams",
+        [words, total, n, dim, l, d, batches, t]
+    );
+    check_params!(
+        "nsa_compress_attention",
+        nsa_compress_attention::NsaCompressAttentionParams,
+        "NsaCompressAttentionParams",
+        [
+            rows, batches, seq, n1, n2, dqk, dv, page, num_blocks, max_blocks, l, d, lsel, k,
+            c_max, w, causal, scale, _pad0, _pad1
+        ]
     );
 }

@@ -5,6 +5,8 @@ pub mod block_score;
 pub mod block_topk;
 pub mod common;
 pub mod expand_route;
+pub mod nsa_compress;
+pub mod nsa_compress_attention;
 pub mod qsa_compress_paged;
 pub mod qsa_prepare;
 pub mod qsa_prepare_query;
@@ -21,6 +23,8 @@ pub const NAMES: &[&str] = &[
     block_score::OP,
     expand_route::OP,
     block_topk::OP,
+    nsa_compress::OP,
+    nsa_compress_attention::OP,
 ];
 
 /// Runs operator `op` on named inputs and attributes; returns the named outputs.
@@ -82,6 +86,24 @@ pub async fn run(
             let out = match exec {
                 Exec::Cpu => expand_route::cpu(&x, r)?,
                 Exec::Gpu(ctx) => expand_route::gpu(ctx, &x, r).await?,
+            };
+            Ok(out.into_map())
+        }
+        nsa_compress::OP => {
+            let a = nsa_compress::NsaCompressAttrs::from_map(attrs)?;
+            let x = nsa_compress::NsaCompressInputs::from_map(inputs)?;
+            let out = match exec {
+                Exec::Cpu => nsa_compress::cpu(&x, &a)?,
+                Exec::Gpu(ctx) => nsa_compress::gpu(ctx, &x, &a).await?,
+            };
+            Ok(TensorMap::from([("out".to_string(), out)]))
+        }
+        nsa_compress_attention::OP => {
+            let a = nsa_compress_attention::NsaCompressAttentionAttrs::from_map(attrs)?;
+            let x = nsa_compress_attention::NsaCompressAttentionInputs::from_map(inputs)?;
+            let out = match exec {
+                Exec::Cpu => nsa_compress_attention::cpu(&x, &a)?,
+                Exec::Gpu(ctx) => nsa_compress_attention::gpu(ctx, &x, &a).await?,
             };
             Ok(out.into_map())
         }

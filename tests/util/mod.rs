@@ -1,6 +1,8 @@
 //! Shared by the integration tests: one GPU context per test binary.
 #![allow(dead_code)]
 
+pub mod nsa;
+
 use qsa_wgpu::gpu::{Context, ContextOptions};
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

@@ -1,0 +1,234 @@
+//! The GPU path of `nsa_compress_attention`: two dispatches recorded into one encoder — the
+//! attention and selection-score stage (`shaders/nsa_compress_attention.wgsl`), then the
+//! `block_topk` selection over the `[rows · N2, W]` scores (whose order is exactly SPEC §0's).
+
+use super::{validate, NsaCompressAttentionAttrs, NsaCompressAttentionInputs};
+use super::{NsaCompressAttentionOutputs, Plan, MAX_DQK, MAX_DV, OP};
+use crate::error::{Error, Result};
+use crate::gpu::{Context, GpuTensor, PipelineKey};
+use crate::ops::block_topk::{self, BlockTopkParams};
+use crate::ops::common::*;
+use crate::tensor::{DType, Tensor};
+
+/// Uniform parameters; layout checked against the WGSL struct by a test.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct NsaCompressAttentionParams {
+    /// Query rows R: T (TND) or B·S (BSND).
+    pub rows: u32,
+    pub batches: u32,
+    /// S of BSND; 0 selects TND.
+    pub seq: u32,
+    pub n1: u32,
+    pub n2: u32,
+    pub dqk: u32,
+    pub dv: u32,
+    /// Compressed tokens per cache block.
+    pub page: u32,
+    pub num_blocks: u32,
+    /// Columns of `block_table`.
+    pub max_blocks: u32,
+    pub l: u32,
+    pub d: u32,
+    pub lsel: u32,
+    pub k: u32,
+    /// Largest c_b: row stride of the probability scratch.
+    pub c_max: u32,
+    /// Largest nsel: row width of the selection scores.
+    pub w: u32,
+    pub causal: u32,
+    pub scale: f32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+}
+
+impl Plan {
+    /// The shader's parameters for this call.
+    pub fn params(&self) -> NsaCompressAttentionParams {
+        NsaCompressAttentionParams {
+            rows: self.rows as u32,
+            batches: self.batches as u32,
+            seq: self.seq as u32,
+            n1: self.n1 as u32,
+            n2: self.n2 as u32,
+            dqk: self.dqk as u32,
+            dv: self.dv as u32,
+            page: self.page as u32,
+            num_blocks: self.num_blocks as u32,
+            max_blocks: self.max_blocks as u32,
+            l: self.l as u32,
+            d: self.d as u32,
+            lsel: self.lsel as u32,
+            k: self.k as u32,
+            c_max: self.c_max as u32,
+            w: self.w as u32,
+            causal: self.causal as u32,
+            scale: self.scale,
+            _pad0: 0,
+            _pad1: 0,
+        }
+    }
+}
+
+/// Device buffers of one `nsa_compress_attention` call. Shapes use R query rows (T, or B·S).
+pub struct NsaAttnBuffers<'a> {
+    /// `[R, N1, Dqk]` T.
+    pub query: &'a wgpu::Buffer,
+    /// `[num_blocks, page, N2·Dqk]` T.
+    pub key: &'a wgpu::Buffer,
+    /// `[num_blocks, page, N2·Dv]` T.
+    pub value: &'a wgpu::Buffer,
+    /// `[B, max_blocks]` i32.
+    pub block_table: &'a wgpu::Buffer,
+    /// `[4·B + 1]` u32 ([`Plan::lens`]): q_len, cmp_kv_len, sel_kv_len, then the first row of
+    /// each batch and R (TND; any values for BSND).
+    pub lens: &'a wgpu::Buffer,
+    /// `[R, N1, Dv]` T.
+    pub out: &'a wgpu::Buffer,
+    /// `[R, N2, k]` i32.
+    pub topk: &'a wgpu::Buffer,
+    /// Scratch `[R·N2, c_max]` f32: the group's summed probabilities.
+    pub psum: &'a wgpu::Buffer,
+    /// `[R·N2, W]` f32: the aggregated selection scores the top-k ranks (+inf forced, −inf
+    /// past nsel); scratch unless the caller wants them.
+    pub scores: &'a wgpu::Buffer,
+    /// Scratch `[R·N2]` i32: the selection count of each row.
+    pub count: &'a wgpu::Buffer,
+    /// The flag word (`shaders/common/flags.wgsl`).
+    pub flags: &'a wgpu::Buffer,
+}
+
+/// Records both stages into `enc`. Lengths and block-table entries are read on the device:
+/// a row whose values are out of range is skipped and raises a flag (page slot, page, or NSA
+/// lengths) instead of reading out of bounds.
+pub async fn encode_nsa_compress_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &NsaCompressAttentionParams,
+    b: &NsaAttnBuffers<'_>,
+) -> Result<()> {
+    let bad = |what: &str, msg: String| Err(Error::input(OP, what, msg));
+    let heads_ok = prm.n2 > 0 && prm.n1.is_multiple_of(prm.n2);
+    if !heads_ok || prm.dqk as usize > MAX_DQK || prm.dv as usize > MAX_DV {
+        return bad(
+            "params",
+            format!(
+                "N1 = {}, N2 = {}, Dqk = {}, Dv = {} out of range",
+                prm.n1, prm.n2, prm.dqk, prm.dv
+            ),
+        );
+    }
+    let strides_ok = prm.d > 0 && prm.l.is_multiple_of(prm.d) && prm.lsel.is_multiple_of(prm.d);
+    if !strides_ok || prm.l < prm.d || prm.lsel < prm.l || prm.page == 0 {
+        return bad(
+            "params",
+            format!(
+                "l = {}, d = {}, l' = {}, page = {}",
+                prm.l, prm.d, prm.lsel, prm.page
+            ),
+        );
+    }
+    let rows = prm.rows as u64 * prm.n2 as u64;
+    let tsize = dt.size() as u64;
+    let t_bytes = |elems: u64| (elems * tsize).div_ceil(4) * 4;
+    for (name, buf, need) in [
+        (
+            "out",
+            b.out,
+            t_bytes(prm.rows as u64 * (prm.n1 * prm.dv) as u64),
+        ),
+        ("topk", b.topk, rows * prm.k as u64 * 4),
+        ("psum", b.psum, rows * prm.c_max as u64 * 4),
+        ("scores", b.scores, rows * prm.w as u64 * 4),
+        ("count", b.count, rows * 4),
+    ] {
+        ctx.check_binding_size(OP, name, need)?;
+        if buf.size() < need {
+            return bad(
+                name,
+                format!("buffer holds {} bytes, needs {need}", buf.size()),
+            );
+        }
+    }
+    encode(
+        ctx,
+        enc,
+        Dispatch {
+            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+            params: bytemuck::bytes_of(prm),
+            buffers: vec![
+                b.query,
+                b.key,
+                b.value,
+                b.block_table,
+                b.lens,
+                b.out,
+                b.psum,
+                b.scores,
+                b.flags,
+            ],
+            groups: rows as u32,
+        },
+    )
+    .await?;
+    let sel = BlockTopkParams {
+        rows: rows as u32,
+        w: prm.w,
+        k: prm.k,
+        out_base: 0,
+    };
+    block_topk::encode_topk(ctx, enc, &sel, b.scores, b.topk, b.count).await
+}
+
+/// Runs on the GPU: uploads, both stages in one submission, checked readback.
+pub async fn gpu(
+    ctx: &Context,
+    x: &NsaCompressAttentionInputs<'_>,
+    a: &NsaCompressAttentionAttrs,
+) -> Result<NsaCompressAttentionOutputs> {
+    let p = validate(x, a)?;
+    let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
+    let alloc = |name: &str, dt: DType, shape: &[usize], fill: u8| {
+        let bytes = (shape.iter().product::<usize>() * dt.size()) as u64;
+        ctx.check_binding_size(OP, name, bytes)?;
+        GpuTensor::filled(ctx, &format!("qsa.{OP}.{name}"), dt, shape, fill)
+    };
+    let query = up("query", x.query)?;
+    let key = up("key", x.key)?;
+    let value = up("value", x.value)?;
+    let table: Vec<u32> = p.table.iter().map(|&v| v as u32).collect();
+    let table = up("block_table", &Tensor::from_u32(&[table.len()], &table))?;
+    let lens = p.lens();
+    let lens = up("lens", &Tensor::from_u32(&[lens.len()], &lens))?;
+    let rows = p.rows * p.n2;
+    // Sentinels: NaN in every float type, and 0x7f7f7f7f (not -1) for the indices.
+    let out = alloc("out", p.dt, &p.out_shape(), 0xff)?;
+    let topk = alloc("topk", DType::I32, &p.topk_shape(), 0x7f)?;
+    let psum = alloc("psum", DType::F32, &[rows, p.c_max], 0)?;
+    let scores = alloc("scores", DType::F32, &[rows, p.w], 0xff)?;
+    let count = alloc("count", DType::I32, &[rows], 0)?;
+    let flags = flag_word(ctx)?;
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let bufs = NsaAttnBuffers {
+        query: &query.buffer,
+        key: &key.buffer,
+        value: &value.buffer,
+        block_table: &table.buffer,
+        lens: &lens.buffer,
+        out: &out.buffer,
+        topk: &topk.buffer,
+        psum: &psum.buffer,
+        scores: &scores.buffer,
+        count: &count.buffer,
+        flags: &flags.buffer,
+    };
+    encode_nsa_compress_attention(ctx, &mut enc, p.dt, &p.params(), &bufs).await?;
+    ctx.submit(OP, enc).await?;
+    let mut got = read_checked(ctx, OP, &[&out, &topk], &flags).await?;
+    let topk = got.pop().unwrap();
+    Ok(NsaCompressAttentionOutputs {
+        out: got.pop().unwrap(),
+        topk,
+    })
+}

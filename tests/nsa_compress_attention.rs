@@ -1,0 +1,195 @@
+//! nsa_compress_attention: GPU against the CPU reference for every storage type and both
+//! layouts over random geometries (ragged actual_q_len up to 16, causal mask on and off,
+//! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
+//! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, and BSND padding rows.
+
+mod util;
+
+use qsa_wgpu::ops::nsa_compress_attention::{nsel, Layout};
+use qsa_wgpu::testing::Rng;
+use qsa_wgpu::DType;
+use util::nsa::{check, Geo, Problem};
+
+const TND: Layout = Layout::Tnd;
+const BSND: Layout = Layout::Bsnd;
+
+/// Raw lengths consistent with c compressed tokens (the windows end inside the sequence),
+/// and never shorter than the query step.
+fn raw_len(rng: &mut Rng, c: usize, l: usize, d: usize, q: usize) -> usize {
+    ((c - 1) * d + l + rng.below(d)).max(q)
+}
+
+#[test]
+fn gpu_matches_cpu() {
+    let ctx = util::ctx();
+    let mut rng = Rng::new(814);
+    let mut cases = 0;
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for layout in [TND, BSND] {
+            for (l, d, lsel) in [(32, 16, 64), (16, 16, 16), (4, 2, 12), (6, 3, 6)] {
+                let b = 1 + rng.below(3);
+                let q_len: Vec<usize> = (0..b).map(|_| [1, 2, 4, 16][rng.below(4)]).collect();
+                let cmp: Vec<usize> = (0..b).map(|_| 1 + rng.below(120)).collect();
+                let sel: Vec<usize> = (0..b)
+                    .map(|i| raw_len(&mut rng, cmp[i], l, d, q_len[i]))
+                    .collect();
+                let min_nsel = cmp.iter().map(|&c| nsel(c, l, d, lsel)).min().unwrap();
+                let (n2, g) = ([1, 2, 3][rng.below(3)], [1, 2, 5][rng.below(3)]);
+                let geo = Geo {
+                    dt,
+                    layout,
+                    n1: n2 * g,
+                    n2,
+                    dqk: [24, 40][rng.below(2)],
+                    dv: [16, 8, 33][rng.below(3)],
+                    page: [5, 16, 7][rng.below(3)],
+                    l,
+                    d,
+                    lsel,
+                    k: 1 + rng.below(min_nsel),
+                    causal: rng.below(2) == 0,
+                };
+                let what = format!("{geo:?} q_len={q_len:?} cmp={cmp:?} sel={sel:?}");
+                let p = Problem::new(&mut rng, geo, &q_len, &cmp, &sel);
+                check(&ctx, &p, &what);
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 24);
+}
+
+fn paper(dt: DType, layout: Layout) -> Geo {
+    Geo {
+        dt,
+        layout,
+        n1: 64,
+        n2: 4,
+        dqk: 192,
+        dv: 128,
+        page: 128,
+        l: 32,
+        d: 16,
+        lsel: 64,
+        k: 16,
+        causal: true,
+    }
+}
+
+#[test]
+fn paper_geometry() {
+    // N1 = 64, N2 = 4 (G = 16), Dqk = 192, Dv = 128, l = 32, d = 16, l' = 64, k = 16 over
+    // 2,990 and 2,110 raw tokens (185 and 130 compressed tokens, 47 and 33 selection blocks):
+    // a decode row and a 4-token step.
+    let ctx = util::ctx();
+    let mut rng = Rng::new(64);
+    let sel = [2990, 2110];
+    let cmp: Vec<usize> = sel.iter().map(|&s| (s - 32) / 16 + 1).collect();
+    assert_eq!(cmp, [185, 130]);
+    for (dt, layout) in [(DType::BF16, TND), (DType::F32, BSND)] {
+        let p = Problem::new(&mut rng, paper(dt, layout), &[1, 4], &cmp, &sel);
+        let (got, _, _, swaps) = check(&ctx, &p, &format!("paper {dt} {layout:?}"));
+        let rows = if layout == TND { 5 } else { 8 };
+        assert_eq!(got.topk.numel(), rows * 4 * 16);
+        let t = got.topk.to_i32();
+        // Every used row starts with the forced blocks 0, nsel − 2, nsel − 1.
+        assert_eq!(t[..3], [0, 45, 46]);
+        let last_row = if layout == TND { 4 } else { 7 };
+        assert_eq!(t[last_row * 64..][..3], [0, 31, 32]);
+        eprintln!("paper {dt} {layout:?}: {swaps} near-tie swaps");
+    }
+}
+
+#[test]
+fn group_sizes_and_head_widths() {
+    // G = 1, G = 128 (twice), and heads past one channel per invocation: Dv up to the
+    // 512 limit (four output channels each), Dqk up to 512.
+    let ctx = util::ctx();
+    let mut rng = Rng::new(128);
+    let shapes = [
+        (3, 3, 48, 20),
+        (128, 1, 16, 8),
+        (256, 2, 8, 12),
+        (4, 2, 136, 300),
+        (2, 1, 512, 512),
+    ];
+    for (n1, n2, dqk, dv) in shapes {
+        for dt in [DType::F32, DType::BF16] {
+            let geo = Geo {
+                dt,
+                layout: TND,
+                n1,
+                n2,
+                dqk,
+                dv,
+                page: 16,
+                l: 32,
+                d: 16,
+                lsel: 64,
+                k: 5,
+                causal: true,
+            };
+            let cmp = [40, 77];
+            let sel = [40 * 16 + 16 + 3, 77 * 16 + 16];
+            let p = Problem::new(&mut rng, geo, &[2, 3], &cmp, &sel);
+            check(&ctx, &p, &format!("N1={n1} N2={n2} {dt}"));
+        }
+    }
+}
+
+#[test]
+fn shuffled_block_table_gives_same_result() {
+    let ctx = util::ctx();
+    let mut rng = Rng::new(3);
+    for layout in [TND, BSND] {
+        let mut geo = paper(DType::F16, layout);
+        (geo.n1, geo.n2, geo.dqk, geo.dv, geo.page, geo.k) = (8, 2, 32, 24, 6, 4);
+        let cmp = [50, 19, 31];
+        let sel = [50 * 16 + 16, 19 * 16 + 16, 31 * 16 + 16];
+        let mut p = Problem::new(&mut rng, geo, &[3, 1, 4], &cmp, &sel);
+        let (first, ..) = check(&ctx, &p, "first placement");
+        let table = p.block_table.clone();
+        p.place(&mut rng);
+        assert_ne!(p.block_table, table, "the permutation should change");
+        let (second, ..) = check(&ctx, &p, "second placement");
+        assert_eq!(
+            first, second,
+            "{layout:?}: outputs depend on the block placement"
+        );
+    }
+}
+
+#[test]
+fn bsnd_padding_rows_are_zero_and_unselected() {
+    let ctx = util::ctx();
+    let mut rng = Rng::new(11);
+    let mut geo = paper(DType::BF16, BSND);
+    (geo.n1, geo.n2, geo.dqk, geo.dv, geo.page, geo.k) = (6, 3, 24, 16, 8, 3);
+    geo.causal = false;
+    let q_len = [2, 5, 1];
+    let p = Problem::with_seq(&mut rng, geo, &q_len, &[20, 33, 11], &[0, 0, 0], 5);
+    let (got, want, ..) = check(&ctx, &p, "bsnd padding");
+    let (out, topk) = (got.out.to_f32(), got.topk.to_i32());
+    assert_eq!(got.out.shape, vec![3, 5, 6, 16]);
+    for (b, &q) in q_len.iter().enumerate() {
+        for s in 0..5 {
+            let r = b * 5 + s;
+            let o = &out[r * 6 * 16..][..6 * 16];
+            let t = &topk[r * 3 * 3..][..3 * 3];
+            if s >= q {
+                assert!(
+                    o.iter().all(|&v| v == 0.0),
+                    "row {r}: padding out must be 0"
+                );
+                assert!(
+                    t.iter().all(|&v| v == -1),
+                    "row {r}: padding topk must be -1"
+                );
+            } else {
+                assert!(o.iter().all(|v| v.is_finite() && *v != 0.0), "row {r}");
+                assert!(t.iter().all(|&v| v >= 0), "row {r}");
+            }
+        }
+    }
+    assert_eq!(got.topk, want.topk);
+}
