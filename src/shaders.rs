@@ -42,6 +42,10 @@ pub const FILES: &[(&str, &str)] = &[
         "expand_route.wgsl",
         include_str!("../shaders/expand_route.wgsl"),
     ),
+    (
+        "sparse_attention.wgsl",
+        include_str!("../shaders/sparse_attention.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

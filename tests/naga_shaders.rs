@@ -4,6 +4,7 @@
 
 use qsa_wgpu::ops::{
     block_score, block_topk, expand_route, qsa_compress_paged, qsa_prepare, qsa_prepare_query,
+    sparse_attention,
 };
 use qsa_wgpu::shaders;
 
@@ -206,5 +207,32 @@ fn params_structs_match_wgsl_layout() {
         expand_route::ExpandRouteParams,
         "ExpandRouteParams",
         [t, hs, k, r, width, _pad0, _pad1, _pad2]
+    );
+    check_params!(
+        "sparse_attention",
+        sparse_attention::SparseAttentionParams,
+        "SparseAttentionParams",
+        [
+            t,
+            n,
+            h,
+            hkv,
+            hs,
+            e,
+            w,
+            parts,
+            hc,
+            page_size,
+            page_stride,
+            num_pages,
+            max_pages,
+            k_off,
+            v_off,
+            has_sinks,
+            scale,
+            _pad0,
+            _pad1,
+            _pad2
+        ]
     );
 }

@@ -7,3 +7,4 @@ const FLAG_PAGE_SLOT: u32 = 4u;     // position needs a page-table column past m
 const FLAG_PAGE: u32 = 8u;          // page-table entry >= num_pages
 const FLAG_ROPE_ROW: u32 = 16u;     // position >= rows of freqs_cis
 const FLAG_TOKEN: u32 = 32u;        // token index outside 0 ..= position
+const FLAG_COUNT: u32 = 64u;        // token count outside 0 ..= W

@@ -314,6 +314,7 @@ pub fn check_flags(op: &'static str, flags: u32) -> Result<()> {
         (8, "a page-table entry is >= num_pages"),
         (16, "a position is outside the rotary table"),
         (32, "a token index is outside 0 ..= its query position"),
+        (64, "a token count is outside 0 ..= W"),
     ];
     let msg: Vec<&str> = names
         .iter()

@@ -8,6 +8,7 @@ pub mod expand_route;
 pub mod qsa_compress_paged;
 pub mod qsa_prepare;
 pub mod qsa_prepare_query;
+pub mod sparse_attention;
 
 pub use common::{AttrMap, Exec, TensorMap};
 
@@ -21,6 +22,7 @@ pub const NAMES: &[&str] = &[
     block_score::OP,
     expand_route::OP,
     block_topk::OP,
+    sparse_attention::OP,
 ];
 
 /// Runs operator `op` on named inputs and attributes; returns the named outputs.
@@ -84,6 +86,15 @@ pub async fn run(
                 Exec::Gpu(ctx) => expand_route::gpu(ctx, &x, r).await?,
             };
             Ok(out.into_map())
+        }
+        sparse_attention::OP => {
+            let a = sparse_attention::SparseAttentionAttrs::from_map(attrs)?;
+            let x = sparse_attention::SparseAttentionInputs::from_map(inputs)?;
+            let out = match exec {
+                Exec::Cpu => sparse_attention::cpu(&x, &a)?,
+                Exec::Gpu(ctx) => sparse_attention::gpu(ctx, &x, &a).await?,
+            };
+            Ok(TensorMap::from([("out".to_string(), out)]))
         }
         other => Err(Error::UnknownOp(other.to_string(), NAMES.join(", "))),
     }
