@@ -202,10 +202,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 for (var c = 0u; c < ep; c += 4u) {
                     let k4 = ld_quad(kr, c, e);
                     for (var hq = 0u; hq < nhq; hq++) {
-                        let q = 4u * hq * ep + c;
-                        z[hq] += vec4<f32>(dot(q_quad(q), k4), dot(q_quad(q + ep), k4),
-                                           dot(q_quad(q + 2u * ep), k4),
-                                           dot(q_quad(q + 3u * ep), k4));
+                        // Heads past hc (the last quad's padding) repeat head hc − 1 and are
+                        // never stored: no read leaves q's rows.
+                        let j = 4u * hq;
+                        let last = hc - 1u;
+                        z[hq] += vec4<f32>(dot(q_quad(j * ep + c), k4),
+                                           dot(q_quad(min(j + 1u, last) * ep + c), k4),
+                                           dot(q_quad(min(j + 2u, last) * ep + c), k4),
+                                           dot(q_quad(min(j + 3u, last) * ep + c), k4));
                     }
                 }
             }

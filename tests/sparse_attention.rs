@@ -236,8 +236,10 @@ fn shapes_gpu_matches_cpu() {
         shape(16, 4, 2, 72, 35),   // selection group of two KV heads, E not a multiple of 64
         shape(12, 3, 2, 66, 9),    // KV head 1 straddles both selection groups; E % 4 = 2
         shape(64, 1, 4, 256, 100), // 16 heads per segment: passes of 12 + 4
-        shape(64, 2, 1, 128, 77),  // 32 heads per segment: passes of 20 + 12
+        shape(64, 2, 1, 128, 77),  // 32 heads per segment: passes of 16 + 16
         shape(4, 2, 2, 3, 5),      // tiny E
+        shape(6, 2, 1, 520, 40),   // three channel quads per invocation, a 3-head pass
+        shape(10, 1, 2, 300, 50),  // passes of 5 heads: a padded head quad
     ];
     shapes.push(Shape {
         layers: 3,

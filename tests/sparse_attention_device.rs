@@ -164,7 +164,7 @@ fn llvmpipe_loop_budget() {
     };
     // Qwen3.8-Flash-Next's full width stays far below the budget.
     let qwen = params(&geo(24, 2, 256)).unwrap();
-    assert!(loop_iterations(&qwen) < LLVMPIPE_LOOP_BUDGET * 2 / 3);
+    assert!(loop_iterations(&qwen) < LLVMPIPE_LOOP_BUDGET * 3 / 5);
     // A 64-head group at E = 256 takes six passes: past it.
     let wide = params(&geo(64, 1, 256)).unwrap();
     assert!(loop_iterations(&wide) > LLVMPIPE_LOOP_BUDGET);
