@@ -50,6 +50,10 @@ pub const FILES: &[(&str, &str)] = &[
         "nsa_compress_attention.wgsl",
         include_str!("../shaders/nsa_compress_attention.wgsl"),
     ),
+    (
+        "sparse_attention.wgsl",
+        include_str!("../shaders/sparse_attention.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

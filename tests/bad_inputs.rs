@@ -1,4 +1,4 @@
-//! Every host-checkable rule of SPEC §1–§3 and §8 gets a typed error that names the operator,
+//! Every host-checkable rule of SPEC §1–§3, §7 and §8 gets a typed error that names the operator,
 //! the input or attribute, and the value — on the CPU and the GPU path alike, before any
 //! dispatch. The NSA rules are in `bad_inputs/nsa.rs`.
 
@@ -60,6 +60,24 @@ fn query() -> (TensorMap, AttrMap) {
     (m, AttrMap::new())
 }
 
+/// A valid sparse_attention call: one sequence of 7 tokens, 5 cached, 2 new rows; H = 2,
+/// Hkv = 1, E = 8, pages of 4 (table [2, 0] into a 3-page pool), W = 4, sinks.
+fn attention() -> (TensorMap, AttrMap) {
+    let mut m = TensorMap::new();
+    m.insert("query".into(), f(&[2, 2, 8]));
+    m.insert("kv_blocks".into(), f(&[3, 2, 1, 4, 1, 8]));
+    m.insert("page_table".into(), Tensor::from_u32(&[1, 2], &[2, 0]));
+    m.insert("row_offsets".into(), Tensor::from_u32(&[2], &[0, 2]));
+    m.insert("cache_lengths".into(), Tensor::from_u32(&[1], &[5]));
+    m.insert(
+        "token_indices".into(),
+        Tensor::from_i32(&[2, 1, 4], &[5, 0, 3, -1, 6, 1, 2, 4]),
+    );
+    m.insert("token_count".into(), Tensor::from_i32(&[2, 1], &[3, 4]));
+    m.insert("sinks".into(), f(&[2]));
+    (m, AttrMap::new())
+}
+
 /// Runs `op` on CPU and GPU; both must fail with a message holding every `needle`.
 fn expect_err(op: &str, m: &TensorMap, a: &AttrMap, needles: &[&str]) {
     let ctx = util::ctx();
@@ -81,6 +99,7 @@ fn valid_calls_pass() {
         ("qsa_prepare", prepare()),
         ("qsa_compress_paged", compress()),
         ("qsa_prepare_query", query()),
+        ("sparse_attention", attention()),
     ] {
         run_blocking(op, &m, &a, Exec::Cpu).unwrap();
         run_blocking(op, &m, &a, Exec::Gpu(&ctx)).unwrap();
@@ -458,6 +477,202 @@ fn qsa_prepare_query_rules() {
         let (mut m, mut a) = query();
         edit(&mut m, &mut a);
         eprintln!("qsa_prepare_query rule {i}");
+        expect_err(op, &m, &a, needles);
+    }
+}
+
+#[test]
+fn sparse_attention_rules() {
+    let op = "sparse_attention";
+    let tokens = |v: &[i32]| Tensor::from_i32(&[2, 1, 4], v);
+    let cases: Vec<(Edit, Vec<&str>)> = vec![
+        (
+            Box::new(|m, _| {
+                m.remove("query");
+            }),
+            vec!["query", "missing"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.remove("token_count");
+            }),
+            vec!["token_count", "missing"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("query".into(), Tensor::zeros(DType::I32, &[2, 2, 8]));
+            }),
+            vec!["query", "i32"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "kv_blocks".into(),
+                    Tensor::zeros(DType::F16, &[3, 2, 1, 4, 1, 8]),
+                );
+            }),
+            vec!["kv_blocks", "f16"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("kv_blocks".into(), f(&[3, 2, 1, 4, 1, 6]));
+            }),
+            vec!["kv_blocks", "head_dim 6"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("kv_blocks".into(), f(&[3, 2, 1, 4, 3, 8]));
+            }),
+            vec!["kv_blocks", "num_kv_heads 3"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("kv_blocks".into(), f(&[3, 2, 1, 4, 8]));
+            }),
+            vec!["kv_blocks", "[3, 2, 1, 4, 8]"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("layer_idx".into(), json!(1));
+            }),
+            vec!["layer_idx", "1 >= num_layers 1"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("layer_idx".into(), json!(-1));
+            }),
+            vec!["layer_idx", "-1"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("page_stride".into(), json!(10));
+            }),
+            vec!["kv_blocks", "page_stride 10"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("scale".into(), json!("x"));
+            }),
+            vec!["scale"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "page_table".into(),
+                    Tensor::from_u32(&[2, 2], &[2, 0, 0, 0]),
+                );
+            }),
+            vec!["page_table", "2 rows"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("page_table".into(), Tensor::from_u32(&[1, 2], &[2, 7]));
+            }),
+            vec!["page_table", "page 7 >= num_pages 3"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("page_table".into(), Tensor::from_u32(&[1, 1], &[2]));
+            }),
+            vec!["page_table", "column 1"],
+        ),
+        (
+            Box::new(move |m, _| {
+                m.insert("token_indices".into(), tokens(&[6, 0, 3, -1, 6, 1, 2, 4]));
+            }),
+            vec!["token_indices", "token 6", "0..=5"],
+        ),
+        (
+            Box::new(move |m, _| {
+                m.insert("token_indices".into(), tokens(&[5, 0, 3, -1, 6, -2, 2, 4]));
+            }),
+            vec!["token_indices", "-2"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("token_count".into(), Tensor::from_i32(&[2, 1], &[5, 4]));
+            }),
+            vec!["token_count", "count 5 outside 0..=4"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("token_count".into(), Tensor::from_i32(&[2, 1], &[3, -1]));
+            }),
+            vec!["token_count", "-1"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "token_count".into(),
+                    Tensor::from_i32(&[2, 2], &[3, 3, 4, 4]),
+                );
+            }),
+            vec!["token_count", "[2, 2]"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "token_indices".into(),
+                    Tensor::from_i32(&[2, 3, 1], &[0; 6]),
+                );
+                m.insert("token_count".into(), Tensor::from_i32(&[2, 3], &[0; 6]));
+            }),
+            vec!["token_indices", "Hs dividing H = 2"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "token_indices".into(),
+                    Tensor::from_i32(&[3, 1, 1], &[0; 3]),
+                );
+            }),
+            vec!["token_indices", "T = 2"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("sinks".into(), f(&[3]));
+            }),
+            vec!["sinks", "[3]"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("sinks".into(), Tensor::zeros(DType::F16, &[2]));
+            }),
+            vec!["sinks", "f16"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert(
+                    "sinks".into(),
+                    Tensor::from_f32(DType::F32, &[2], &[0.0, f32::NAN]),
+                );
+            }),
+            vec!["sinks", "element 1 is NaN"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("row_offsets".into(), Tensor::from_u32(&[2], &[0, 1]));
+            }),
+            vec!["row_offsets", "must be T = 2"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("cache_lengths".into(), Tensor::from_i32(&[1], &[-1]));
+            }),
+            vec!["cache_lengths", "-1"],
+        ),
+        (
+            Box::new(|m, _| {
+                m.insert("query".into(), f(&[2, 2, 4096]));
+                m.insert("kv_blocks".into(), f(&[3, 2, 1, 4, 1, 4096]));
+            }),
+            vec!["query", "4096"],
+        ),
+    ];
+    for (i, (edit, needles)) in cases.iter().enumerate() {
+        let (mut m, mut a) = attention();
+        edit(&mut m, &mut a);
+        eprintln!("sparse_attention rule {i}");
         expect_err(op, &m, &a, needles);
     }
 }

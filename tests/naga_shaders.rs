@@ -4,7 +4,7 @@
 
 use qsa_wgpu::ops::{
     block_score, block_topk, expand_route, nsa_compress, nsa_compress_attention,
-    qsa_compress_paged, qsa_prepare, qsa_prepare_query,
+    qsa_compress_paged, qsa_prepare, qsa_prepare_query, sparse_attention,
 };
 use qsa_wgpu::shaders;
 
@@ -78,7 +78,7 @@ fn every_shader_validates_and_translates() {
         }
     }
     assert!(
-        count >= 8 * 3,
+        count >= 9 * 3,
         "expected every operator shader, found {count}"
     );
     assert!(
@@ -228,6 +228,33 @@ fn params_structs_match_wgsl_layout() {
         [
             rows, batches, seq, n1, n2, dqk, dv, page, num_blocks, max_blocks, l, d, lsel, k,
             c_max, w, causal, scale, _pad0, _pad1
+        ]
+    );
+    check_params!(
+        "sparse_attention",
+        sparse_attention::SparseAttentionParams,
+        "SparseAttentionParams",
+        [
+            t,
+            n,
+            h,
+            hkv,
+            hs,
+            e,
+            w,
+            parts,
+            hc,
+            page_size,
+            page_stride,
+            num_pages,
+            max_pages,
+            k_off,
+            v_off,
+            has_sinks,
+            scale,
+            _pad0,
+            _pad1,
+            _pad2
         ]
     );
 }

@@ -8,3 +8,4 @@ const FLAG_PAGE: u32 = 8u;          // page-table entry >= num_pages
 const FLAG_ROPE_ROW: u32 = 16u;     // position >= rows of freqs_cis
 const FLAG_TOKEN: u32 = 32u;        // token index outside 0 ..= position
 const FLAG_NSA_LENGTHS: u32 = 64u;  // NSA length or offset inconsistent with its buffers
+const FLAG_COUNT: u32 = 128u;       // token count outside 0 ..= W

@@ -401,6 +401,7 @@ pub fn check_flags(op: &'static str, flags: u32) -> Result<()> {
             64,
             "an NSA length or offset is inconsistent with its buffers",
         ),
+        (128, "a token count is outside 0 ..= W"),
     ];
     let msg: Vec<&str> = names
         .iter()

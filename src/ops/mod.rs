@@ -10,6 +10,7 @@ pub mod nsa_compress_attention;
 pub mod qsa_compress_paged;
 pub mod qsa_prepare;
 pub mod qsa_prepare_query;
+pub mod sparse_attention;
 
 pub use common::{AttrMap, Exec, TensorMap};
 
@@ -25,6 +26,7 @@ pub const NAMES: &[&str] = &[
     block_topk::OP,
     nsa_compress::OP,
     nsa_compress_attention::OP,
+    sparse_attention::OP,
 ];
 
 /// Runs operator `op` on named inputs and attributes; returns the named outputs.
@@ -106,6 +108,15 @@ pub async fn run(
                 Exec::Gpu(ctx) => nsa_compress_attention::gpu(ctx, &x, &a).await?,
             };
             Ok(out.into_map())
+        }
+        sparse_attention::OP => {
+            let a = sparse_attention::SparseAttentionAttrs::from_map(attrs)?;
+            let x = sparse_attention::SparseAttentionInputs::from_map(inputs)?;
+            let out = match exec {
+                Exec::Cpu => sparse_attention::cpu(&x, &a)?,
+                Exec::Gpu(ctx) => sparse_attention::gpu(ctx, &x, &a).await?,
+            };
+            Ok(TensorMap::from([("out".to_string(), out)]))
         }
         other => Err(Error::UnknownOp(other.to_string(), NAMES.join(", "))),
     }

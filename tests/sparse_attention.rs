@@ -1,0 +1,350 @@
+//! sparse_attention: GPU against the CPU reference for f32/f16/bf16 — Qwen3.8-Flash-Next's GQA
+//! shape at the full 2051-token width, MHA, Hs > 1 splitting KV groups, groups that take several
+//! passes, odd E and W, ragged batches mixing prefill and decode rows, multi-layer strided pools
+//! with shuffled pages whose unused memory is garbage; sinks; empty rows; a hand-checked case.
+
+mod util;
+
+use qsa_wgpu::ops::sparse_attention::{
+    cpu, gpu, heads_per_pass, SparseAttentionAttrs, SparseAttentionInputs,
+};
+use qsa_wgpu::paged::{PagedPool, PoolLayout};
+use qsa_wgpu::testing::{attention_tol, compare, Rng};
+use qsa_wgpu::{DType, Tensor};
+
+/// Geometry of one problem.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    h: usize,
+    hkv: usize,
+    hs: usize,
+    e: usize,
+    w: usize,
+    page: usize,
+    layers: usize,
+    layer: usize,
+    /// Pages `stride_mul` packed pages apart.
+    stride_mul: usize,
+}
+
+fn shape(h: usize, hkv: usize, hs: usize, e: usize, w: usize) -> Shape {
+    Shape {
+        h,
+        hkv,
+        hs,
+        e,
+        w,
+        page: 16,
+        layers: 1,
+        layer: 0,
+        stride_mul: 1,
+    }
+}
+
+/// Logical content of a call: queries, each sequence's K and V rows, token lists, sinks.
+struct Data {
+    seqs: Vec<(usize, usize)>,
+    q: Vec<f32>,
+    kv: Vec<(Vec<f32>, Vec<f32>)>,
+    tokens: Vec<i32>,
+    counts: Vec<i32>,
+    sinks: Option<Vec<f32>>,
+}
+
+/// `seqs` holds (cached, new rows) per sequence. Each (row, group) gathers a random subset of
+/// 0 ..= p in random order (often the full W); the slots past its count hold junk.
+fn data(rng: &mut Rng, s: &Shape, seqs: &[(usize, usize)], sinks: bool) -> Data {
+    let rows: usize = seqs.iter().map(|x| x.1).sum();
+    let width = s.hkv * s.e;
+    let kv = seqs
+        .iter()
+        .map(|&(c, r)| (rng.normals((c + r) * width), rng.normals((c + r) * width)))
+        .collect();
+    let mut tokens = vec![0i32; rows * s.hs * s.w];
+    let mut counts = vec![0i32; rows * s.hs];
+    let mut t = 0;
+    for &(c, r) in seqs {
+        for p in c..c + r {
+            for g in 0..s.hs {
+                let most = s.w.min(p + 1);
+                let cnt = if rng.below(2) == 0 {
+                    most
+                } else {
+                    rng.below(most + 1)
+                };
+                let perm = rng.permutation(p + 1);
+                let row = &mut tokens[(t * s.hs + g) * s.w..][..s.w];
+                for (j, slot) in row.iter_mut().enumerate() {
+                    *slot = if j < cnt {
+                        perm[j] as i32
+                    } else {
+                        [-1, i32::MAX, (p + 1 + rng.below(99)) as i32][rng.below(3)]
+                    };
+                }
+                counts[t * s.hs + g] = cnt as i32;
+            }
+            t += 1;
+        }
+    }
+    let sinks = sinks.then(|| {
+        let mut v: Vec<f32> = (0..s.h).map(|_| 2.0 * rng.normal()).collect();
+        v[0] = f32::NEG_INFINITY;
+        v
+    });
+    Data {
+        seqs: seqs.to_vec(),
+        q: rng.normals(rows * s.h * s.e),
+        kv,
+        tokens,
+        counts,
+        sinks,
+    }
+}
+
+/// One call's tensors.
+struct Problem {
+    query: Tensor,
+    pool: Tensor,
+    table: Tensor,
+    offsets: Tensor,
+    cache: Tensor,
+    tokens: Tensor,
+    counts: Tensor,
+    sinks: Option<Tensor>,
+    attrs: SparseAttentionAttrs,
+}
+
+impl Problem {
+    fn inputs(&self) -> SparseAttentionInputs<'_> {
+        SparseAttentionInputs {
+            query: &self.query,
+            kv_blocks: &self.pool,
+            page_table: &self.table,
+            row_offsets: &self.offsets,
+            cache_lengths: &self.cache,
+            token_indices: &self.tokens,
+            token_count: &self.counts,
+            sinks: self.sinks.as_ref(),
+        }
+    }
+}
+
+/// Lays `d` out in a garbage-filled pool whose pages are handed out in `order` (a permutation
+/// of `pages(s, d)`), `s.stride_mul` packed pages apart.
+fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Problem {
+    let np = order.len();
+    let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.e);
+    let mut pool = PagedPool::new(layout, dt, order);
+    pool.data = rng.tensor(dt, &[layout.required_elems()]);
+    let mut ids = Vec::new();
+    for (k, v) in &d.kv {
+        let id = pool.add_sequence();
+        pool.append(id, 0, s.layer, k).unwrap();
+        pool.append(id, 1, s.layer, v).unwrap();
+        pool.commit(id, k.len() / (s.hkv * s.e));
+        ids.push(id);
+    }
+    let max_pages = d
+        .seqs
+        .iter()
+        .map(|x| (x.0 + x.1).div_ceil(s.page))
+        .max()
+        .unwrap()
+        + 1;
+    let pe = layout.page_elems();
+    let mut pool_t = pool.tensor();
+    if s.stride_mul > 1 {
+        let mut strided = rng.tensor(dt, &[np * s.stride_mul * pe]);
+        let es = dt.size();
+        for i in 0..np {
+            let dst = i * s.stride_mul * pe * es;
+            strided.data[dst..dst + pe * es]
+                .copy_from_slice(&pool_t.data[i * pe * es..][..pe * es]);
+        }
+        strided.shape = vec![np * s.stride_mul, 2, s.layers, s.page, s.hkv, s.e];
+        pool_t = strided;
+    }
+    let rows: usize = d.seqs.iter().map(|x| x.1).sum();
+    let mut offs = vec![0u32];
+    for x in &d.seqs {
+        offs.push(offs.last().unwrap() + x.1 as u32);
+    }
+    let cache: Vec<u32> = d.seqs.iter().map(|x| x.0 as u32).collect();
+    Problem {
+        query: Tensor::from_f32(dt, &[rows, s.h, s.e], &d.q),
+        pool: pool_t,
+        table: pool.page_table(&ids, max_pages, 0xdead_beef),
+        offsets: Tensor::from_u32(&[offs.len()], &offs),
+        cache: Tensor::from_u32(&[cache.len()], &cache),
+        tokens: Tensor::from_i32(&[rows, s.hs, s.w], &d.tokens),
+        counts: Tensor::from_i32(&[rows, s.hs], &d.counts),
+        sinks: d
+            .sinks
+            .as_ref()
+            .map(|v| Tensor::from_f32(DType::F32, &[s.h], v)),
+        attrs: SparseAttentionAttrs {
+            scale: None,
+            layer_idx: s.layer,
+            page_stride: (s.stride_mul > 1).then_some((s.stride_mul * pe) as i64),
+        },
+    }
+}
+
+fn pages(s: &Shape, d: &Data) -> usize {
+    d.seqs
+        .iter()
+        .map(|x| (x.0 + x.1).div_ceil(s.page))
+        .sum::<usize>()
+        + 3
+}
+
+/// Builds a problem with shuffled pages and checks GPU against CPU.
+fn check(rng: &mut Rng, dt: DType, s: &Shape, seqs: &[(usize, usize)], sinks: bool) {
+    let d = data(rng, s, seqs, sinks);
+    let order = rng.permutation(pages(s, &d));
+    let p = problem(rng, dt, s, &d, order);
+    let want = cpu(&p.inputs(), &p.attrs).unwrap();
+    let got = pollster::block_on(gpu(&util::ctx(), &p.inputs(), &p.attrs)).unwrap();
+    compare(&got, &want, attention_tol(dt))
+        .unwrap_or_else(|e| panic!("{dt} {s:?} seqs={seqs:?} sinks={sinks}: {e}"));
+}
+
+#[test]
+fn qwen_gqa_full_width() {
+    // H = 24, Hkv = 2, E = 256, Hs = 1, W = k·r + r − 1 = 2051: decode rows past 2051 tokens
+    // (the list is full), a prefill chunk from 0, a two-row chunk deep into a sequence.
+    let mut rng = Rng::new(71);
+    assert_eq!(heads_per_pass(256), 12, "a Qwen group must take one pass");
+    let s = shape(24, 2, 1, 256, 2051);
+    for (dt, sinks) in [
+        (DType::F32, false),
+        (DType::F32, true),
+        (DType::F16, true),
+        (DType::BF16, false),
+    ] {
+        check(&mut rng, dt, &s, &[(2100, 1), (0, 5), (3000, 2)], sinks);
+    }
+}
+
+#[test]
+fn shapes_gpu_matches_cpu() {
+    let mut rng = Rng::new(5);
+    let dts = [DType::F32, DType::F16, DType::BF16];
+    let mut shapes = vec![
+        shape(8, 8, 1, 64, 130),   // MHA
+        shape(24, 2, 3, 128, 67),  // Hs = 3: each KV group meets two selection groups
+        shape(16, 4, 2, 72, 35),   // selection group of two KV heads, E not a multiple of 64
+        shape(12, 3, 2, 66, 9),    // KV head 1 straddles both selection groups; E % 4 = 2
+        shape(64, 1, 4, 256, 100), // 16 heads per segment: passes of 12 + 4
+        shape(64, 2, 1, 128, 77),  // 32 heads per segment: passes of 16 + 16
+        shape(4, 2, 2, 3, 5),      // tiny E
+        shape(6, 2, 1, 520, 40),   // three channel quads per invocation, a 3-head pass
+        shape(10, 1, 2, 300, 50),  // passes of 5 heads: a padded head quad
+    ];
+    shapes.push(Shape {
+        layers: 3,
+        layer: 2,
+        stride_mul: 2,
+        page: 7,
+        ..shape(6, 2, 3, 40, 70)
+    });
+    for (i, s) in shapes.iter().enumerate() {
+        for (j, dt) in dts.iter().enumerate() {
+            let seqs = [
+                (rng.below(300), 1),
+                (0, 17),
+                (50 + rng.below(200), 4),
+                (31, 0),
+                (rng.below(90), 1),
+            ];
+            check(&mut rng, *dt, s, &seqs, (i + j) % 2 == 0);
+        }
+    }
+}
+
+#[test]
+fn shuffled_pages_give_identical_output() {
+    let ctx = util::ctx();
+    let mut rng = Rng::new(9);
+    let s = shape(12, 2, 2, 64, 90);
+    let d = data(&mut rng, &s, &[(70, 3), (0, 20), (200, 1)], true);
+    let n = pages(&s, &d);
+    let a = problem(&mut rng, DType::BF16, &s, &d, (0..n as u32).collect());
+    let order = rng.permutation(n);
+    let b = problem(&mut rng, DType::BF16, &s, &d, order);
+    assert_ne!(a.table, b.table);
+    let ga = pollster::block_on(gpu(&ctx, &a.inputs(), &a.attrs)).unwrap();
+    let gb = pollster::block_on(gpu(&ctx, &b.inputs(), &b.attrs)).unwrap();
+    assert_eq!(ga, gb, "page order changed the GPU result");
+    let (ca, cb) = (
+        cpu(&a.inputs(), &a.attrs).unwrap(),
+        cpu(&b.inputs(), &b.attrs).unwrap(),
+    );
+    assert_eq!(ca, cb, "page order changed the CPU result");
+    compare(&ga, &ca, attention_tol(DType::BF16)).unwrap();
+}
+
+#[test]
+fn empty_rows_are_zero() {
+    let ctx = util::ctx();
+    let mut rng = Rng::new(10);
+    let s = shape(8, 2, 2, 40, 11);
+    for sinks in [false, true] {
+        let mut d = data(&mut rng, &s, &[(5, 2), (0, 3)], sinks);
+        d.counts.iter_mut().for_each(|c| *c = 0);
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, DType::F16, &s, &d, order);
+        let zero = Tensor::zeros(DType::F16, &[5, 8, 40]);
+        assert_eq!(cpu(&p.inputs(), &p.attrs).unwrap(), zero);
+        let got = pollster::block_on(gpu(&ctx, &p.inputs(), &p.attrs)).unwrap();
+        assert_eq!(got.to_f32(), zero.to_f32(), "sinks={sinks}");
+    }
+}
+
+#[test]
+fn by_hand() {
+    // One head, E = 2, scale 1, tokens [1, 0] of position 1: q·K = [0, 1] for tokens 1, 0.
+    // Without a sink out = (e·V0 + V1) / (e + 1); with sink 0 the denominator gains e^0 = 1.
+    let q = Tensor::from_f32(DType::F32, &[1, 1, 2], &[1.0, 0.0]);
+    // Pool [1 page, 2 planes, 1 layer, 2 rows, 1 head, 2]: K0 = (1, 0), K1 = (0, 5); V0 = (1, 2),
+    // V1 = (3, 4).
+    let pool = Tensor::from_f32(
+        DType::F32,
+        &[1, 2, 1, 2, 1, 2],
+        &[1.0, 0.0, 0.0, 5.0, 1.0, 2.0, 3.0, 4.0],
+    );
+    let table = Tensor::from_u32(&[1, 1], &[0]);
+    let offs = Tensor::from_u32(&[2], &[0, 1]);
+    let cache = Tensor::from_u32(&[1], &[1]);
+    let tok = Tensor::from_i32(&[1, 1, 3], &[1, 0, -1]);
+    let cnt = Tensor::from_i32(&[1, 1], &[2]);
+    let sink = Tensor::from_f32(DType::F32, &[1], &[0.0]);
+    let a = SparseAttentionAttrs {
+        scale: Some(1.0),
+        layer_idx: 0,
+        page_stride: None,
+    };
+    let e = std::f32::consts::E;
+    for (sinks, extra) in [(None, 0.0), (Some(&sink), 1.0)] {
+        let x = SparseAttentionInputs {
+            query: &q,
+            kv_blocks: &pool,
+            page_table: &table,
+            row_offsets: &offs,
+            cache_lengths: &cache,
+            token_indices: &tok,
+            token_count: &cnt,
+            sinks,
+        };
+        let den = e + 1.0 + extra;
+        let want = [(e + 3.0) / den, (2.0 * e + 4.0) / den];
+        let c = cpu(&x, &a).unwrap().to_f32();
+        let g = pollster::block_on(gpu(&util::ctx(), &x, &a))
+            .unwrap()
+            .to_f32();
+        for i in 0..2 {
+            assert!((c[i] - want[i]).abs() < 1e-6, "cpu {c:?} want {want:?}");
+            assert!((g[i] - want[i]).abs() < 1e-6, "gpu {g:?} want {want:?}");
+        }
+    }
+}

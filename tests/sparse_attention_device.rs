@@ -1,0 +1,241 @@
+//! sparse_attention beyond the host checks: values only the GPU sees (lengths, token indices,
+//! counts and page-table entries in device buffers) are clamped, skipped and flagged, never read
+//! out of bounds; the llvmpipe loop budget; and a case file through `qsa run`.
+
+mod util;
+
+use qsa_wgpu::case::{read_tensors, Case};
+use qsa_wgpu::gpu::{GpuTensor, Readback};
+use qsa_wgpu::ops::common::check_flags;
+use qsa_wgpu::ops::sparse_attention::{
+    cpu, encode_attention, loop_iterations, pack_seqs, params, validate, AttentionBuffers,
+    AttentionGeometry, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
+    LLVMPIPE_LOOP_BUDGET,
+};
+use qsa_wgpu::ops::{AttrMap, TensorMap};
+use qsa_wgpu::paged::PoolLayout;
+use qsa_wgpu::testing::{attention_tol, compare, Rng};
+use qsa_wgpu::{DType, Tensor};
+use serde_json::json;
+
+/// One sequence of 7 tokens, 5 cached, 2 new rows (positions 5 and 6); H = 2, Hkv = 1, E = 8,
+/// pages of 4 (table [2, 0] into a 3-page pool), W = 4.
+fn inputs(rng: &mut Rng) -> TensorMap {
+    let mut m = TensorMap::new();
+    m.insert("query".into(), rng.tensor(DType::F32, &[2, 2, 8]));
+    m.insert(
+        "kv_blocks".into(),
+        rng.tensor(DType::F32, &[3, 2, 1, 4, 1, 8]),
+    );
+    m.insert("page_table".into(), Tensor::from_u32(&[1, 2], &[2, 0]));
+    m.insert("row_offsets".into(), Tensor::from_u32(&[2], &[0, 2]));
+    m.insert("cache_lengths".into(), Tensor::from_u32(&[1], &[5]));
+    m.insert(
+        "token_indices".into(),
+        Tensor::from_i32(&[2, 1, 4], &[5, 0, 3, -1, 6, 1, 2, 4]),
+    );
+    m.insert("token_count".into(), Tensor::from_i32(&[2, 1], &[3, 4]));
+    m.insert(
+        "sinks".into(),
+        Tensor::from_f32(DType::F32, &[2], &[0.5, -1.0]),
+    );
+    m
+}
+
+/// The device buffers' contents, editable past the host checks.
+struct Raw {
+    seqs: Vec<u32>,
+    tokens: Vec<i32>,
+    counts: Vec<i32>,
+    prm: SparseAttentionParams,
+}
+
+/// Runs one dispatch over `r`; returns the flag word and the output.
+fn run(m: &TensorMap, r: &Raw) -> (u32, Vec<f32>) {
+    let ctx = util::ctx();
+    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
+    let (q, pool, sinks) = (up(&m["query"]), up(&m["kv_blocks"]), up(&m["sinks"]));
+    let seqs = up(&Tensor::from_u32(&[r.seqs.len()], &r.seqs));
+    let tokens = up(&Tensor::from_i32(&[r.tokens.len()], &r.tokens));
+    let counts = up(&Tensor::from_i32(&[r.counts.len()], &r.counts));
+    let out = GpuTensor::filled(&ctx, "out", DType::F32, &[2, 2, 8], 0xff).unwrap();
+    let flags = up(&Tensor::from_u32(&[1], &[0]));
+    let b = AttentionBuffers {
+        query: &q.buffer,
+        pool: &pool.buffer,
+        seqs: &seqs.buffer,
+        token_indices: &tokens.buffer,
+        token_count: &counts.buffer,
+        sinks: Some(&sinks.buffer),
+        out: &out.buffer,
+        flags: &flags.buffer,
+    };
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    pollster::block_on(encode_attention(&ctx, &mut enc, DType::F32, &r.prm, &b)).unwrap();
+    pollster::block_on(ctx.submit("test", enc)).unwrap();
+    let got = Readback::new(&ctx, &[(&out.buffer, out.bytes()), (&flags.buffer, 4)])
+        .blocking(&ctx)
+        .unwrap();
+    let f = u32::from_le_bytes(got[1][..4].try_into().unwrap());
+    (f, bytemuck::cast_slice(&got[0]).to_vec())
+}
+
+#[test]
+fn device_side_bad_values_are_flagged() {
+    let m = inputs(&mut Rng::new(2));
+    let x = SparseAttentionInputs::from_map(&m).unwrap();
+    let a = SparseAttentionAttrs::from_map(&AttrMap::new()).unwrap();
+    let plan = validate(&x, &a).unwrap();
+    let good = Raw {
+        seqs: pack_seqs(&plan.offsets, &plan.cache, &plan.table)
+            .to_i32()
+            .into_iter()
+            .map(|v| v as u32)
+            .collect(),
+        tokens: x.token_indices.to_i32(),
+        counts: x.token_count.to_i32(),
+        prm: params(&plan.geo).unwrap(),
+    };
+    let (f, out) = run(&m, &good);
+    assert_eq!(f, 0);
+    let want = cpu(&x, &a).unwrap();
+    compare(
+        &Tensor::from_f32(DType::F32, &[2, 2, 8], &out),
+        &want,
+        attention_tol(DType::F32),
+    )
+    .unwrap();
+
+    type Edit = fn(&mut Raw);
+    let cases: [(&str, Edit, u32); 7] = [
+        ("token past its position", |r| r.tokens[0] = 6, 32),
+        ("negative token", |r| r.tokens[5] = -3, 32),
+        ("page >= num_pages", |r| r.seqs[3] = 99, 8),
+        (
+            "page column >= max_pages",
+            |r| {
+                r.prm.max_pages = 1;
+                r.seqs.pop();
+            },
+            4,
+        ),
+        // Clamped to W, the count then takes in row 0's padding slot −1: two flags.
+        ("count > W", |r| r.counts[0] = 5, 128 | 32),
+        ("negative count", |r| r.counts[1] = -1, 128),
+        ("row outside row_offsets", |r| r.seqs[1] = 1, 1),
+    ];
+    for (what, edit, bit) in cases {
+        let mut r = Raw {
+            seqs: good.seqs.clone(),
+            tokens: good.tokens.clone(),
+            counts: good.counts.clone(),
+            prm: good.prm,
+        };
+        edit(&mut r);
+        let (f, out) = run(&m, &r);
+        assert_eq!(f, bit, "{what}: flags {f:#x}");
+        assert!(
+            out.iter().all(|v| v.is_finite()),
+            "{what}: an output was left unwritten or not finite: {out:?}"
+        );
+        let e = check_flags("sparse_attention", f).unwrap_err().to_string();
+        assert!(
+            e.contains("sparse_attention") && e.contains("device-side"),
+            "{e}"
+        );
+    }
+    let e = check_flags("sparse_attention", 128)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("token count"), "{e}");
+}
+
+#[test]
+fn llvmpipe_loop_budget() {
+    let geo = |h: usize, hkv: usize, e: usize| AttentionGeometry {
+        t: 1,
+        n: 1,
+        h,
+        hs: 1,
+        w: 2051,
+        layout: PoolLayout::packed(1, 1, 16, hkv, e),
+        layer_idx: 0,
+        max_pages: 1,
+        scale: None,
+        has_sinks: false,
+    };
+    // Qwen3.8-Flash-Next's full width stays far below the budget.
+    let qwen = params(&geo(24, 2, 256)).unwrap();
+    assert!(loop_iterations(&qwen) < LLVMPIPE_LOOP_BUDGET * 3 / 5);
+    // A 64-head group at E = 256 takes six passes: past it.
+    let wide = params(&geo(64, 1, 256)).unwrap();
+    assert!(loop_iterations(&wide) > LLVMPIPE_LOOP_BUDGET);
+    let ctx = util::ctx();
+    if !format!("{} {}", ctx.info.name, ctx.info.driver).contains("llvmpipe") {
+        eprintln!("not llvmpipe ({}): no budget to check", ctx.describe());
+        return;
+    }
+    let tiny = GpuTensor::filled(&ctx, "tiny", DType::U32, &[4], 0).unwrap();
+    let b = AttentionBuffers {
+        query: &tiny.buffer,
+        pool: &tiny.buffer,
+        seqs: &tiny.buffer,
+        token_indices: &tiny.buffer,
+        token_count: &tiny.buffer,
+        sinks: None,
+        out: &tiny.buffer,
+        flags: &tiny.buffer,
+    };
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let e = pollster::block_on(encode_attention(&ctx, &mut enc, DType::F32, &wide, &b))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sparse_attention") && e.contains("token_indices") && e.contains("llvmpipe"),
+        "{e}"
+    );
+}
+
+#[test]
+fn case_file_through_cli() {
+    let dir = std::env::temp_dir().join(format!("qsa-attn-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut m = inputs(&mut Rng::new(6));
+    let bf = |t: &Tensor| Tensor::from_f32(DType::BF16, &t.shape, &t.to_f32());
+    for name in ["query", "kv_blocks"] {
+        let t = bf(&m[name]);
+        m.insert(name.into(), t);
+    }
+    let case = Case {
+        op: "sparse_attention".into(),
+        attrs: AttrMap::from([
+            ("scale".to_string(), json!(0.3)),
+            ("layer_idx".to_string(), json!(0)),
+        ]),
+        inputs: m.clone(),
+    };
+    let path = dir.join("case.safetensors");
+    std::fs::write(&path, case.to_bytes().unwrap()).unwrap();
+    let mut outs = Vec::new();
+    for cpu_flag in [false, true] {
+        let out = dir.join(format!("out-{cpu_flag}.safetensors"));
+        let mut args = vec!["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()];
+        if cpu_flag {
+            args.push("--cpu");
+        }
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_qsa"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let t = read_tensors(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(t.keys().collect::<Vec<_>>(), ["out"]);
+        outs.push(t["out"].clone());
+    }
+    assert_eq!(outs[0].shape, vec![2, 2, 8]);
+    assert_eq!(outs[0].dtype, DType::BF16);
+    compare(&outs[0], &outs[1], attention_tol(DType::BF16)).unwrap();
+    let x = SparseAttentionInputs::from_map(&m).unwrap();
+    let a = SparseAttentionAttrs::from_map(&case.attrs).unwrap();
+    assert_eq!(outs[1], cpu(&x, &a).unwrap());
+}
