@@ -185,16 +185,15 @@ pub struct AttentionBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records one attention dispatch into `enc`. Buffers too small for `prm` are an error here,
+/// Describes one attention dispatch. Buffers too small for `prm` are an error here,
 /// before anything is recorded; device values (lengths, tokens, pages) are checked by the
 /// shader and reported through `b.flags`.
-pub async fn encode_attention(
-    ctx: &Context,
-    enc: &mut wgpu::CommandEncoder,
+pub fn dispatch_attention<'a>(
+    ctx: &'a Context,
     dt: DType,
-    prm: &SparseAttentionParams,
-    b: &AttentionBuffers<'_>,
-) -> Result<()> {
+    prm: &'a SparseAttentionParams,
+    b: &AttentionBuffers<'a>,
+) -> Result<Dispatch<'a>> {
     let d = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
     if d.contains("llvmpipe") && loop_iterations(prm) > LLVMPIPE_LOOP_BUDGET {
         return Err(Error::input(
@@ -243,24 +242,30 @@ pub async fn encode_attention(
             ));
         }
     }
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.query,
-                b.pool,
-                b.seqs,
-                b.token_indices,
-                b.token_count,
-                b.sinks.unwrap_or(&ctx.dummy),
-                b.out,
-                b.flags,
-            ],
-            groups: prm.groups(),
-        },
-    )
-    .await
+    Ok(Dispatch {
+        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![
+            b.query,
+            b.pool,
+            b.seqs,
+            b.token_indices,
+            b.token_count,
+            b.sinks.unwrap_or(&ctx.dummy),
+            b.out,
+            b.flags,
+        ],
+        groups: prm.groups(),
+    })
+}
+
+/// Records the dispatch of [`dispatch_attention`] with a fresh bind group.
+pub async fn encode_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &SparseAttentionParams,
+    b: &AttentionBuffers<'_>,
+) -> Result<()> {
+    encode(ctx, enc, dispatch_attention(ctx, dt, prm, b)?).await
 }
