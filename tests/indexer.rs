@@ -37,6 +37,7 @@ fn config(dtype: DType, hs: usize, k: usize) -> IndexerConfig {
         max_step_tokens: 160,
         score_chunk_rows: None,
         pool_shard_pages: None,
+        attention: None,
     }
 }
 

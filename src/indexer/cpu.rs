@@ -68,6 +68,125 @@ impl QsaIndexer {
         Ok(sel)
     }
 
+    /// [`step_with_attention`](QsaIndexer::step_with_attention) on the CPU: the step, then
+    /// `sparse_attention` over its selection and the host mirror of the KV pool; returns the
+    /// step's outputs, its `scores` and `out`.
+    pub fn step_cpu_with_attention(
+        &mut self,
+        new_tokens: &[usize],
+        index_query_raw: &Tensor,
+        query: &Tensor,
+    ) -> Result<TensorMap> {
+        if self.kv.is_none() {
+            return Err(crate::Error::input(
+                super::OP,
+                "query",
+                "the layer was configured without attention".to_string(),
+            ));
+        }
+        self.check_kv_complete()?;
+        let (offsets, cache, _, table) = self.step_tensors(new_tokens)?;
+        let mut sel = self.step_cpu(new_tokens, index_query_raw)?;
+        let kv = self.kv.as_ref().unwrap();
+        let n = cache.len();
+        let mut m = TensorMap::new();
+        m.insert("query".into(), query.clone());
+        m.insert("kv_blocks".into(), kv.tensor());
+        m.insert("page_table".into(), table);
+        m.insert("row_offsets".into(), Tensor::from_u32(&[n + 1], &offsets));
+        m.insert("cache_lengths".into(), Tensor::from_u32(&[n], &cache));
+        m.insert("token_indices".into(), sel["token_indices"].clone());
+        m.insert("token_count".into(), sel["token_count"].clone());
+        if let Some(s) = &kv.cfg.sinks {
+            m.insert(
+                "sinks".into(),
+                Tensor::from_f32(crate::DType::F32, &[s.len()], s),
+            );
+        }
+        let mut a = AttrMap::new();
+        if let Some(s) = kv.cfg.scale {
+            a.insert("scale".into(), s.into());
+        }
+        let out = cpu_op("sparse_attention", &m, &a)?.remove("out").unwrap();
+        sel.insert("out".into(), out);
+        Ok(sel)
+    }
+
+    /// The attention stage alone on the CPU, for some rows of the step just taken: `sel` holds
+    /// the step's `token_indices` and `token_count` (e.g. the GPU's, read back), `query` is the
+    /// step's `[T, H, E]`, `rows` the row numbers to compute. Returns `[rows.len(), H, E]`.
+    /// Call it before the next step (positions come from the sequences' current lengths).
+    pub fn attention_cpu(
+        &self,
+        new_tokens: &[usize],
+        sel: &TensorMap,
+        query: &Tensor,
+        rows: &[usize],
+    ) -> Result<Tensor> {
+        let Some(kv) = self.kv.as_ref() else {
+            return Err(crate::Error::input(
+                super::OP,
+                "query",
+                "the layer was configured without attention".to_string(),
+            ));
+        };
+        let (offsets, _, positions, table) = self.step_tensors(new_tokens)?;
+        let pick = |t: &Tensor, name: &str| -> Result<Tensor> {
+            let row: usize = t.shape[1..].iter().product::<usize>() * t.dtype.size();
+            let mut data = Vec::with_capacity(rows.len() * row);
+            for &r in rows {
+                if (r + 1) * row > t.data.len() {
+                    return Err(crate::Error::input(super::OP, name, format!("no row {r}")));
+                }
+                data.extend_from_slice(&t.data[r * row..(r + 1) * row]);
+            }
+            let mut shape = t.shape.clone();
+            shape[0] = rows.len();
+            Tensor::from_bytes(t.dtype, &shape, data)
+        };
+        let get = |name: &str| {
+            sel.get(name)
+                .ok_or_else(|| crate::Error::input(super::OP, name, "missing".to_string()))
+        };
+        // Each picked row becomes a one-row sequence at its position, with its page table.
+        let mp = self.max_pages;
+        let pages = table.to_i32();
+        let mut tab = Vec::new();
+        let mut cache = Vec::new();
+        for &r in rows {
+            let s = offsets.partition_point(|&o| o as usize <= r) - 1;
+            cache.push(positions[r] as u32);
+            tab.extend(pages[s * mp..(s + 1) * mp].iter().map(|&p| p as u32));
+        }
+        let n = rows.len();
+        let mut m = TensorMap::new();
+        m.insert("query".into(), pick(query, "query")?);
+        m.insert("kv_blocks".into(), kv.tensor());
+        m.insert("page_table".into(), Tensor::from_u32(&[n, mp], &tab));
+        let offs: Vec<u32> = (0..=n as u32).collect();
+        m.insert("row_offsets".into(), Tensor::from_u32(&[n + 1], &offs));
+        m.insert("cache_lengths".into(), Tensor::from_u32(&[n], &cache));
+        m.insert(
+            "token_indices".into(),
+            pick(get("token_indices")?, "token_indices")?,
+        );
+        m.insert(
+            "token_count".into(),
+            pick(get("token_count")?, "token_count")?,
+        );
+        if let Some(s) = &kv.cfg.sinks {
+            m.insert(
+                "sinks".into(),
+                Tensor::from_f32(crate::DType::F32, &[s.len()], s),
+            );
+        }
+        let mut a = AttrMap::new();
+        if let Some(s) = kv.cfg.scale {
+            a.insert("scale".into(), s.into());
+        }
+        Ok(cpu_op("sparse_attention", &m, &a)?.remove("out").unwrap())
+    }
+
     /// [`extend`](QsaIndexer::extend) on the CPU: compresses the blocks the appended keys
     /// complete into the host mirror of the block keys.
     pub fn extend_cpu(&mut self, new_tokens: &[usize]) -> Result<()> {

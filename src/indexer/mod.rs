@@ -10,9 +10,11 @@
 //! Slot `n` owns block-key rows `n · max_blocks ..`; a freed slot is reused by the next
 //! [`add_sequence`](QsaIndexer::add_sequence).
 
+mod attention;
 mod cpu;
 mod step;
 
+pub use attention::AttentionConfig;
 pub use step::StepOutputs;
 
 use crate::error::{Error, Result};
@@ -52,6 +54,9 @@ pub struct IndexerConfig {
     pub score_chunk_rows: Option<usize>,
     /// Caps the pages of one device pool shard. `None`: as many as one storage binding holds.
     pub pool_shard_pages: Option<usize>,
+    /// The main attention over the selection, run as the step's last stage by
+    /// [`QsaIndexer::step_with_attention`]; `None`: the layer has no KV pool.
+    pub attention: Option<AttentionConfig>,
 }
 
 impl IndexerConfig {
@@ -76,6 +81,7 @@ impl IndexerConfig {
             max_step_tokens: 2048.min(max_len * max_seqs),
             score_chunk_rows: None,
             pool_shard_pages: None,
+            attention: None,
         }
     }
 
@@ -161,6 +167,7 @@ pub struct QsaIndexer {
     max_pages: usize,
     bufs: step::StepBuffers,
     binds: BindCache,
+    kv: Option<attention::KvCache>,
 }
 
 /// The model's rotary table: row p holds the (cos, sin) pairs of position p, base 1e7.
@@ -256,6 +263,19 @@ impl QsaIndexer {
             q_norm_gpu: up("qsa.indexer.q_norm", &q_norm)?,
             freqs_gpu: up("qsa.indexer.freqs", &freqs)?,
             bufs: step::StepBuffers::new(&ctx, &cfg, pages_per_seq)?,
+            kv: match &cfg.attention {
+                Some(a) => Some(attention::KvCache::new(
+                    &ctx,
+                    a,
+                    cfg.dtype,
+                    num_pages,
+                    cfg.page_size,
+                    cfg.max_seqs,
+                    pages_per_seq,
+                    cfg.max_step_tokens,
+                )?),
+                None => None,
+            },
             binds: BindCache::default(),
             ctx,
             pool,
@@ -292,6 +312,7 @@ impl QsaIndexer {
             ));
         }
         self.pool.free_sequence(slot);
+        self.kv_truncate(slot, 0);
         Ok(())
     }
 
@@ -388,6 +409,7 @@ impl QsaIndexer {
             ));
         }
         self.pool.truncate(slot, len);
+        self.kv_truncate(slot, len);
         Ok(())
     }
 

@@ -12,6 +12,9 @@ use crate::ops::common::read_checked;
 use crate::ops::expand_route::{dispatch_expand, ExpandBuffers, ExpandRouteParams};
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
+use crate::ops::sparse_attention::{
+    dispatch_attention, pack_seqs, params as attention_params, AttentionBuffers, AttentionGeometry,
+};
 use crate::ops::TensorMap;
 use crate::tensor::{DType, Tensor};
 
@@ -74,25 +77,33 @@ pub struct StepOutputs {
     pub token_indices: GpuTensor,
     /// `[T, Hs]` i32.
     pub token_count: GpuTensor,
+    /// `[T, H, E]` of the layer's type: the attention output, after
+    /// [`QsaIndexer::step_with_attention`].
+    pub out: Option<GpuTensor>,
     flags: GpuTensor,
 }
 
 impl StepOutputs {
-    /// Reads the four outputs back (and turns device flags into an error).
+    /// Reads the outputs back (and turns device flags into an error): the four of the
+    /// selection, and `out` when the step ran attention.
     pub async fn read(&self, ctx: &Context) -> Result<TensorMap> {
-        let outputs = [
+        let mut outputs = vec![
             &self.block_indices,
             &self.block_count,
             &self.token_indices,
             &self.token_count,
         ];
-        let got = read_checked(ctx, OP, &outputs, &self.flags).await?;
-        let names = [
+        let mut names = vec![
             "block_indices",
             "block_count",
             "token_indices",
             "token_count",
         ];
+        if let Some(o) = &self.out {
+            outputs.push(o);
+            names.push("out");
+        }
+        let got = read_checked(ctx, OP, &outputs, &self.flags).await?;
         Ok(names.iter().map(|n| n.to_string()).zip(got).collect())
     }
 }
@@ -125,20 +136,35 @@ impl QsaIndexer {
         new_tokens: &[usize],
         index_query_raw: &Tensor,
     ) -> Result<StepOutputs> {
-        self.record(new_tokens, Some(index_query_raw)).await
+        self.record(new_tokens, Some(index_query_raw), None).await
+    }
+
+    /// A step that also runs the main attention over the selection, in the same submission:
+    /// `query` is `[T, H, E]` (the attention queries of the new rows, already rotated as the
+    /// model does). The layer must be configured with [`IndexerConfig::attention`] and every
+    /// sequence's K/V appended ([`QsaIndexer::append_kv`]) up to its index keys.
+    pub async fn step_with_attention(
+        &mut self,
+        new_tokens: &[usize],
+        index_query_raw: &Tensor,
+        query: &Tensor,
+    ) -> Result<StepOutputs> {
+        self.record(new_tokens, Some(index_query_raw), Some(query))
+            .await
     }
 
     /// Compresses the blocks the appended keys complete, selecting nothing: a step for tokens
     /// whose queries need no selection (a restored context, a prefill computed elsewhere).
     /// Returns once submitted; a later step or read waits for it.
     pub async fn extend(&mut self, new_tokens: &[usize]) -> Result<()> {
-        self.record(new_tokens, None).await.map(|_| ())
+        self.record(new_tokens, None, None).await.map(|_| ())
     }
 
     async fn record(
         &mut self,
         new_tokens: &[usize],
         index_query_raw: Option<&Tensor>,
+        attention_query: Option<&Tensor>,
     ) -> Result<StepOutputs> {
         let ctx = self.ctx.clone();
         let c = self.cfg.clone();
@@ -171,6 +197,27 @@ impl QsaIndexer {
                     ),
                 ));
             }
+        }
+        if let Some(q) = attention_query {
+            let Some(kv) = &self.kv else {
+                return Err(Error::input(
+                    OP,
+                    "query",
+                    "the layer was configured without attention".to_string(),
+                ));
+            };
+            let a = &kv.cfg;
+            if q.shape != [t, a.h, a.e] || q.dtype != c.dtype {
+                return Err(Error::input(
+                    OP,
+                    "query",
+                    format!(
+                        "expected [{t}, {}, {}] {}, got {:?} {}",
+                        a.h, a.e, c.dtype, q.shape, q.dtype
+                    ),
+                ));
+            }
+            self.check_kv_complete()?;
         }
         let counts: Vec<u32> = offsets
             .windows(2)
@@ -331,11 +378,50 @@ impl QsaIndexer {
         };
         let d = dispatch_expand(&ctx, &ep, &eb)?;
         self.binds.record(&ctx, &mut enc, "expand", 0, d).await?;
+
+        if let (Some(q), Some(kv)) = (attention_query, &self.kv) {
+            write(&ctx, &kv.query.buffer, &q.data);
+            let pages: Vec<u32> = table
+                .data
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                .collect();
+            let seqs = pack_seqs(&offsets, &cache, &pages);
+            write(&ctx, &kv.seqs.buffer, &seqs.data);
+            let prm = attention_params(&AttentionGeometry {
+                t,
+                n,
+                h: kv.cfg.h,
+                hs: c.hs,
+                w: c.route_width(),
+                layout: kv.layout,
+                layer_idx: 0,
+                max_pages: self.max_pages,
+                scale: kv.cfg.scale,
+                has_sinks: kv.sinks.is_some(),
+            })?;
+            let ab = AttentionBuffers {
+                query: &kv.query.buffer,
+                pool: &kv.gpu.buffer,
+                seqs: &kv.seqs.buffer,
+                token_indices: &b.token_indices.buffer,
+                token_count: &b.token_count.buffer,
+                sinks: kv.sinks.as_ref().map(|s| &s.buffer),
+                out: &kv.out.buffer,
+                flags: &b.flags.buffer,
+            };
+            let d = dispatch_attention(&ctx, c.dtype, &prm, &ab)?;
+            self.binds.record(&ctx, &mut enc, "attention", 0, d).await?;
+        }
         if let Some(timer) = &self.binds.timer {
             timer.resolve(&mut enc);
         }
         ctx.submit(OP, enc).await?;
-        Ok(self.outputs(t))
+        let mut out = self.outputs(t);
+        if let (Some(_), Some(kv)) = (attention_query, &self.kv) {
+            out.out = Some(view(&kv.out, &[t, kv.cfg.h, kv.cfg.e]));
+        }
+        Ok(out)
     }
 
     /// Turns GPU timing of the stages on or off; returns whether the adapter can time them
@@ -366,6 +452,7 @@ impl QsaIndexer {
             block_count: view(&b.block_count, &[t, c.hs]),
             token_indices: view(&b.token_indices, &[t, c.hs, c.route_width()]),
             token_count: view(&b.token_count, &[t, c.hs]),
+            out: None,
             flags: view(&b.flags, &[1]),
         }
     }

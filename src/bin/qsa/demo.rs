@@ -1,13 +1,15 @@
 //! `qsa demo`: a synthetic Qwen3.8-Flash-Next indexer layer (Hi = 4, Di = 128, Dr = 64, r = 4,
 //! k = 512, page 128) over several sequences: a chunked prefill, then decode steps. Every step
-//! appends the new raw index keys to the paged pool and runs one `QsaIndexer` step on the GPU
-//! (compress → query → score → top-k → expand in one submission), reads the selection back and
-//! checks it against the same step composed from the CPU references.
+//! appends the new raw index keys and the main attention's K/V (H = 24, Hkv = 2, E = 256) to
+//! the paged pools and runs one `QsaIndexer` step on the GPU (compress → query → score → top-k
+//! → expand → sparse attention in one submission), reads the results back and checks the
+//! selection against the same step composed from the CPU references, and the attention output
+//! against the CPU attention over the GPU's selection (every decode row; sampled prefill rows).
 
 use qsa_wgpu::gpu::{Context, ContextOptions};
-use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
-use qsa_wgpu::testing::{check_selection, score_tol, Rng, SelectionCheck};
-use qsa_wgpu::{DType, Error, Result};
+use qsa_wgpu::indexer::{AttentionConfig, IndexerConfig, QsaIndexer};
+use qsa_wgpu::testing::{attention_tol, check_selection, compare, score_tol, Rng, SelectionCheck};
+use qsa_wgpu::{DType, Error, Result, Tensor};
 use std::time::Instant;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -27,6 +29,10 @@ pub struct DemoArgs {
     /// Storage type: f32, f16 or bf16.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
+    /// Where the attention stage runs: `decode` (decode steps), `all` (prefill chunks too) or
+    /// `off` (the indexer only).
+    #[arg(long, default_value = "decode")]
+    pub attention: String,
 }
 
 impl Default for DemoArgs {
@@ -37,6 +43,7 @@ impl Default for DemoArgs {
             chunk: 512,
             decode: 16,
             dtype: "bf16".into(),
+            attention: "decode".into(),
         }
     }
 }
@@ -63,11 +70,34 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
     let total = (args.prefill + args.decode).max(1);
     let mut cfg = IndexerConfig::qwen(dt, total, args.seqs);
     cfg.max_step_tokens = args.chunk.min(total) * args.seqs;
+    let (attn_prefill, attn_decode) = match args.attention.as_str() {
+        "all" => (true, true),
+        "decode" => (false, true),
+        "off" => (false, false),
+        other => {
+            return Err(Error::attr(
+                "demo",
+                "attention",
+                format!("{other:?} is not all, decode or off"),
+            ))
+        }
+    };
+    let attn = attn_decode.then(AttentionConfig::qwen);
+    cfg.attention = attn.clone();
     println!("qsa demo: {}", ctx.describe());
     println!(
         "layer: Hi={} Di={} Dr={} r={} k={} page={} {dt}; {} sequences, prefill {} in chunks of {}, {} decode steps",
         cfg.hi, cfg.di, cfg.dr, cfg.r, cfg.k, cfg.page_size, args.seqs, args.prefill, args.chunk, args.decode
     );
+    if let Some(a) = &attn {
+        println!(
+            "attention: H={} Hkv={} E={} over the selected tokens, in {} steps",
+            a.h,
+            a.hkv,
+            a.e,
+            if attn_prefill { "all" } else { "decode" }
+        );
+    }
     let pages = args.seqs * total.div_ceil(cfg.page_size);
     let mut rng = Rng::new(2026);
     let k_norm = rng.tensor(dt, &[DI]);
@@ -82,6 +112,7 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
     let mut tokens = 0;
     let mut step_ms = Vec::new();
     let mut agree = SelectionCheck::default();
+    let mut attn_rows = 0;
     let mut chunks = Vec::new();
     let mut left = args.prefill;
     while left > 0 {
@@ -94,14 +125,55 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
         for &step in &sizes {
             for s in 0..args.seqs {
                 ix.append_keys(s, &rng.normals(step * DI))?;
+                if let Some(a) = &attn {
+                    let w = step * a.hkv * a.e;
+                    ix.append_kv(s, &rng.normals(w), &rng.normals(w))?;
+                }
             }
             let rows = step * args.seqs;
             let q_raw = rng.tensor(dt, &[rows, HI, DI]);
+            let with_attention = if phase == "decode" {
+                attn_decode
+            } else {
+                attn_prefill
+            };
+            let query = attn
+                .as_ref()
+                .filter(|_| with_attention)
+                .map(|a| rng.tensor(dt, &[rows, a.h, a.e]));
             let counts = vec![step; args.seqs];
             let g0 = Instant::now();
-            let out = pollster::block_on(ix.step(&counts, &q_raw))?;
+            let out = match &query {
+                Some(q) => pollster::block_on(ix.step_with_attention(&counts, &q_raw, q))?,
+                None => pollster::block_on(ix.step(&counts, &q_raw))?,
+            };
             let got = pollster::block_on(out.read(&ctx))?;
             step_ms.push(g0.elapsed().as_secs_f64() * 1e3);
+            if let Some(q) = &query {
+                // Every row of a decode step; in a prefill chunk each sequence's first, middle
+                // and last row (the CPU attention of a whole chunk would dominate the run).
+                let picked: Vec<usize> = if step == 1 {
+                    (0..rows).collect()
+                } else {
+                    (0..args.seqs)
+                        .flat_map(|s| [s * step, s * step + step / 2, s * step + step - 1])
+                        .collect()
+                };
+                let want = ix.attention_cpu(&counts, &got, q, &picked)?;
+                let all = got["out"].to_f32();
+                let w = want.shape[1] * want.shape[2];
+                let mine: Vec<f32> = picked
+                    .iter()
+                    .flat_map(|&r| all[r * w..(r + 1) * w].to_vec())
+                    .collect();
+                let mine = Tensor::from_f32(dt, &want.shape, &mine);
+                compare(&mine, &want, attention_tol(dt)).map_err(|e| {
+                    Error::Gpu(format!(
+                        "{phase} step {steps}: attention differs from the CPU reference: {e}"
+                    ))
+                })?;
+                attn_rows += picked.len();
+            }
             let want = ix.step_cpu(&counts, &q_raw)?;
             let c = check_selection(&got, &want, tol).map_err(|e| {
                 Error::Gpu(format!(
@@ -127,8 +199,14 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
     step_ms.sort_by(|a, b| a.total_cmp(b));
     let median = step_ms.get(step_ms.len() / 2).copied().unwrap_or(0.0);
     println!(
-        "summary: {} sequences, {tokens} tokens, {steps} steps, GPU median {median:.2} ms/step (submit to selection read back); {} selection rows: {} identical to the CPU reference, {} differ only by near ties (within {:?}), 0 wrong",
+        "summary: {} sequences, {tokens} tokens, {steps} steps, GPU median {median:.2} ms/step (submit to results read back); {} selection rows: {} identical to the CPU reference, {} differ only by near ties (within {:?}), 0 wrong",
         args.seqs, agree.rows, agree.exact, agree.near_ties, tol
     );
+    if attn.is_some() {
+        println!(
+            "attention: {attn_rows} rows checked against the CPU attention over the GPU's selection, all within {:?}",
+            attention_tol(dt)
+        );
+    }
     Ok(())
 }

@@ -1,0 +1,211 @@
+//! The optional attention stage of a step: the main paged KV pool (same pages as the index
+//! keys), the attention queries and the output, and `sparse_attention` recorded after expand so
+//! one submission runs compress → query → score → top-k → expand → attention.
+
+use super::{QsaIndexer, OP};
+use crate::error::{Error, Result};
+use crate::gpu::{Context, GpuTensor};
+use crate::paged::PoolLayout;
+use crate::tensor::{DType, Tensor};
+
+/// Geometry of the attention that consumes the selection.
+#[derive(Clone, Debug)]
+pub struct AttentionConfig {
+    /// Query heads H (Qwen3.8-Flash-Next: 24).
+    pub h: usize,
+    /// KV heads Hkv (2).
+    pub hkv: usize,
+    /// Head dim E (256).
+    pub e: usize,
+    /// `None`: 1 / sqrt(E).
+    pub scale: Option<f32>,
+    /// Per-head sink logits `[H]`, if the model has them.
+    pub sinks: Option<Vec<f32>>,
+}
+
+impl AttentionConfig {
+    /// Qwen3.8-Flash-Next's main attention: H = 24, Hkv = 2, E = 256, no sinks.
+    pub fn qwen() -> Self {
+        AttentionConfig {
+            h: 24,
+            hkv: 2,
+            e: 256,
+            scale: None,
+            sinks: None,
+        }
+    }
+}
+
+/// The main KV pool (host mirror and device copy) and the stage's device buffers.
+pub(super) struct KvCache {
+    pub(super) cfg: AttentionConfig,
+    pub(super) layout: PoolLayout,
+    pub(super) host: Tensor,
+    pub(super) gpu: GpuTensor,
+    /// Tokens of K/V each slot holds.
+    pub(super) lens: Vec<usize>,
+    pub(super) query: GpuTensor, // [max_step_tokens, H, E] T
+    pub(super) out: GpuTensor,   // [max_step_tokens, H, E] T
+    pub(super) seqs: GpuTensor,  // row_offsets | cache_lengths | page table, u32
+    pub(super) sinks: Option<GpuTensor>,
+}
+
+impl KvCache {
+    pub(super) fn new(
+        ctx: &Context,
+        a: &AttentionConfig,
+        dt: DType,
+        num_pages: usize,
+        page_size: usize,
+        max_seqs: usize,
+        max_pages: usize,
+        rows: usize,
+    ) -> Result<Self> {
+        let bad = |name: &str, msg: String| Err(Error::input(OP, name, msg));
+        if a.h == 0 || a.hkv == 0 || a.h % a.hkv != 0 || a.e == 0 || a.e > 2048 {
+            return bad(
+                "attention",
+                format!(
+                    "need Hkv | H and 0 < E <= 2048; got H {}, Hkv {}, E {}",
+                    a.h, a.hkv, a.e
+                ),
+            );
+        }
+        if (page_size * a.hkv * a.e * dt.size()) % 4 != 0 {
+            return bad(
+                "attention",
+                "a K or V plane of one page must hold whole 32-bit words".into(),
+            );
+        }
+        if let Some(s) = &a.sinks {
+            if s.len() != a.h {
+                return bad(
+                    "attention.sinks",
+                    format!("{} values for H = {}", s.len(), a.h),
+                );
+            }
+        }
+        let layout = PoolLayout::packed(num_pages, 1, page_size, a.hkv, a.e);
+        let host = Tensor::zeros(dt, &[layout.required_elems()]);
+        let f = |name: &str, dt: DType, shape: &[usize]| {
+            GpuTensor::filled(ctx, &format!("qsa.indexer.{name}"), dt, shape, 0)
+        };
+        Ok(KvCache {
+            gpu: f("kv_pool", dt, &[layout.required_elems()])?,
+            query: f("attention_query", dt, &[rows, a.h, a.e])?,
+            out: f("attention_out", dt, &[rows, a.h, a.e])?,
+            seqs: f(
+                "attention_seqs",
+                DType::U32,
+                &[2 * max_seqs + 1 + max_seqs * max_pages],
+            )?,
+            sinks: match &a.sinks {
+                Some(s) => Some(GpuTensor::upload(
+                    ctx,
+                    "qsa.indexer.sinks",
+                    &Tensor::from_f32(DType::F32, &[a.h], s),
+                )?),
+                None => None,
+            },
+            cfg: a.clone(),
+            layout,
+            host,
+            lens: Vec::new(),
+        })
+    }
+
+    /// The pool as the rank-6 tensor `sparse_attention` takes.
+    pub(super) fn tensor(&self) -> Tensor {
+        let l = self.layout;
+        let mut t = self.host.clone();
+        t.shape = vec![l.num_pages, 2, 1, l.page_size, l.num_kv_heads, l.head_dim];
+        t
+    }
+}
+
+impl QsaIndexer {
+    /// Appends the main attention's K and V rows (`[count, Hkv, E]` each, as f32) of sequence
+    /// `slot`'s next tokens. Their index keys must be appended first: those allocate the pages
+    /// the two pools share.
+    pub fn append_kv(&mut self, slot: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let Some(kv) = self.kv.as_mut() else {
+            return Err(Error::input(
+                OP,
+                "kv",
+                "the layer was configured without attention".to_string(),
+            ));
+        };
+        let (hkv, e) = (kv.cfg.hkv, kv.cfg.e);
+        let w = hkv * e;
+        if k.len() != v.len() || k.len() % w != 0 {
+            return Err(Error::input(
+                OP,
+                "kv",
+                format!(
+                    "K has {} and V {} values; each must be rows of Hkv·E = {w}",
+                    k.len(),
+                    v.len()
+                ),
+            ));
+        }
+        let count = k.len() / w;
+        kv.lens.resize(self.pool.tables.len(), 0);
+        let start = kv.lens[slot];
+        let keys = self.pool.lengths.get(slot).copied().unwrap_or(0);
+        if !matches!(self.pool.tables.get(slot), Some(Some(_))) || start + count > keys {
+            return Err(Error::input(
+                OP,
+                "kv",
+                format!(
+                    "slot {slot} holds index keys of {keys} tokens; K/V of {start} + {count} cannot go past them"
+                ),
+            ));
+        }
+        let table = self.pool.tables[slot].clone().unwrap();
+        let (ps, es, dt) = (kv.layout.page_size, kv.host.dtype.size(), kv.host.dtype);
+        let mut t = start;
+        while t < start + count {
+            let run = (ps - t % ps).min(start + count - t);
+            let page = table[t / ps] as usize;
+            for (plane, src) in [(0, k), (1, v)] {
+                let rows = &src[(t - start) * w..(t - start + run) * w];
+                let off = kv.layout.offset(page, plane, 0, t % ps, 0) * es;
+                let bytes = Tensor::from_f32(dt, &[rows.len()], rows).data;
+                kv.host.data[off..off + bytes.len()].copy_from_slice(&bytes);
+                let (lo, hi) = (off / 4 * 4, (off + bytes.len()).div_ceil(4) * 4);
+                self.ctx
+                    .queue
+                    .write_buffer(&kv.gpu.buffer, lo as u64, &kv.host.data[lo..hi]);
+            }
+            t += run;
+        }
+        kv.lens[slot] = start + count;
+        Ok(())
+    }
+
+    /// Checks that every slot's K/V covers its index keys (the attention stage reads K/V at
+    /// every position a query may select).
+    pub(super) fn check_kv_complete(&self) -> Result<()> {
+        let kv = self.kv.as_ref().expect("attention configured");
+        for (s, &len) in self.pool.lengths.iter().enumerate() {
+            let have = kv.lens.get(s).copied().unwrap_or(0);
+            if self.is_live(s) && have != len {
+                return Err(Error::input(
+                    OP,
+                    "kv",
+                    format!("slot {s} has index keys of {len} tokens but K/V of {have}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Shortens the K/V of `slot` with its index keys (truncate) or drops them (free).
+    pub(super) fn kv_truncate(&mut self, slot: usize, len: usize) {
+        if let Some(kv) = self.kv.as_mut() {
+            if let Some(l) = kv.lens.get_mut(slot) {
+                *l = (*l).min(len);
+            }
+        }
+    }
+}
