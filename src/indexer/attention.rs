@@ -2,7 +2,7 @@
 //! keys), the attention queries and the output, and `sparse_attention` recorded after expand so
 //! one submission runs compress → query → score → top-k → expand → attention.
 
-use super::{QsaIndexer, OP};
+use super::{IndexerConfig, QsaIndexer, OP};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
 use crate::paged::PoolLayout;
@@ -53,16 +53,14 @@ pub(super) struct KvCache {
 impl KvCache {
     pub(super) fn new(
         ctx: &Context,
+        c: &IndexerConfig,
         a: &AttentionConfig,
-        dt: DType,
         num_pages: usize,
-        page_size: usize,
-        max_seqs: usize,
         max_pages: usize,
-        rows: usize,
     ) -> Result<Self> {
+        let (dt, page_size, max_seqs, rows) = (c.dtype, c.page_size, c.max_seqs, c.max_step_tokens);
         let bad = |name: &str, msg: String| Err(Error::input(OP, name, msg));
-        if a.h == 0 || a.hkv == 0 || a.h % a.hkv != 0 || a.e == 0 || a.e > 2048 {
+        if a.h == 0 || a.hkv == 0 || !a.h.is_multiple_of(a.hkv) || a.e == 0 || a.e > 2048 {
             return bad(
                 "attention",
                 format!(
@@ -71,7 +69,7 @@ impl KvCache {
                 ),
             );
         }
-        if (page_size * a.hkv * a.e * dt.size()) % 4 != 0 {
+        if !(page_size * a.hkv * a.e * dt.size()).is_multiple_of(4) {
             return bad(
                 "attention",
                 "a K or V plane of one page must hold whole 32-bit words".into(),
@@ -137,7 +135,7 @@ impl QsaIndexer {
         };
         let (hkv, e) = (kv.cfg.hkv, kv.cfg.e);
         let w = hkv * e;
-        if k.len() != v.len() || k.len() % w != 0 {
+        if k.len() != v.len() || !k.len().is_multiple_of(w) {
             return Err(Error::input(
                 OP,
                 "kv",

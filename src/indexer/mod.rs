@@ -266,13 +266,10 @@ impl QsaIndexer {
             kv: match &cfg.attention {
                 Some(a) => Some(attention::KvCache::new(
                     &ctx,
+                    &cfg,
                     a,
-                    cfg.dtype,
                     num_pages,
-                    cfg.page_size,
-                    cfg.max_seqs,
                     pages_per_seq,
-                    cfg.max_step_tokens,
                 )?),
                 None => None,
             },
