@@ -54,6 +54,10 @@ pub const FILES: &[(&str, &str)] = &[
         "sparse_attention.wgsl",
         include_str!("../shaders/sparse_attention.wgsl"),
     ),
+    (
+        "bench_copy.wgsl",
+        include_str!("../shaders/bench_copy.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

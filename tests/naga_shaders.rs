@@ -2,6 +2,7 @@
 //! GPU, for each storage type; every `<Op>Params` struct is checked against naga's layout of
 //! its WGSL twin. All failures are reported together, each with its shader's name.
 
+use qsa_wgpu::gpu::BenchCopyParams;
 use qsa_wgpu::ops::{
     block_score, block_topk, expand_route, nsa_compress, nsa_compress_attention,
     qsa_compress_paged, qsa_prepare, qsa_prepare_query, sparse_attention,
@@ -229,6 +230,12 @@ fn params_structs_match_wgsl_layout() {
             rows, batches, seq, n1, n2, dqk, dv, page, num_blocks, max_blocks, l, d, lsel, k,
             c_max, w, causal, scale, _pad0, _pad1
         ]
+    );
+    check_params!(
+        "bench_copy",
+        BenchCopyParams,
+        "BenchCopyParams",
+        [words, stride, _pad0, _pad1]
     );
     check_params!(
         "sparse_attention",

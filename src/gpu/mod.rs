@@ -3,10 +3,12 @@
 
 mod buffers;
 mod cache;
+mod copy;
 mod timer;
 
 pub use buffers::{GpuTensor, Readback};
 pub use cache::{CachedPipeline, PipelineCache, PipelineKey};
+pub use copy::{copy_bandwidth, BenchCopyParams};
 pub use timer::Timer;
 
 use crate::error::{Error, Result};
