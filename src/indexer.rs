@@ -15,7 +15,7 @@ use crate::ops::common::{flag_word, read_checked};
 use crate::ops::expand_route::{encode_expand, ExpandBuffers, ExpandRouteParams};
 use crate::ops::qsa_compress_paged::{encode_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{encode_query, QsaPrepareQueryParams, QueryBuffers};
-use crate::ops::{self, Exec, TensorMap};
+use crate::ops::{self, TensorMap};
 use crate::paged::{PagedPool, PoolLayout};
 use crate::tensor::{DType, Tensor};
 use std::sync::Arc;
@@ -68,6 +68,8 @@ impl IndexerConfig {
 
 /// The selections of one step, on the device; [`StepOutputs::read`] brings them back.
 pub struct StepOutputs {
+    /// `[T, Hs, max_blocks]` f32, −inf beyond each row's visible blocks (what top-k chose from).
+    pub scores: GpuTensor,
     pub block_indices: GpuTensor,
     pub block_count: GpuTensor,
     pub token_indices: GpuTensor,
@@ -324,6 +326,7 @@ impl QsaIndexer {
             |name: &str, shape: &[usize]| GpuTensor::filled(&ctx, name, DType::I32, shape, 0x7f);
         let width = c.k * c.r + c.r - 1;
         let out = StepOutputs {
+            scores,
             block_indices: i32s("qsa.indexer.block_indices", &[t, c.hs, c.k])?,
             block_count: i32s("qsa.indexer.block_count", &[t, c.hs])?,
             token_indices: i32s("qsa.indexer.token_indices", &[t, c.hs, width])?,
@@ -400,14 +403,14 @@ impl QsaIndexer {
             has_weights: 0,
             scale: c.scale.unwrap_or(1.0 / (c.di as f32).sqrt()),
         };
-        ctx.check_binding_size(OP, "scores", scores.bytes())?;
+        ctx.check_binding_size(OP, "scores", out.scores.bytes())?;
         let sb = ScoreBuffers {
             query: &q.buffer,
             keys: &self.keys_gpu.buffer,
             row_offsets: &offs_g.buffer,
             lens: &lens_g.buffer,
             weights: None,
-            scores: &scores.buffer,
+            scores: &out.scores.buffer,
             flags: &out.flags.buffer,
         };
         encode_score(&ctx, &mut enc, c.dtype, &sp, &sb).await?;
@@ -422,7 +425,7 @@ impl QsaIndexer {
                 &ctx,
                 &mut enc,
                 &tp,
-                &scores.buffer,
+                &out.scores.buffer,
                 &out.block_indices.buffer,
                 &out.block_count.buffer,
             )
@@ -450,7 +453,7 @@ impl QsaIndexer {
     }
 
     /// The same step through the CPU references, composed operator by operator. Updates the
-    /// host mirror of the block keys; returns the four outputs.
+    /// host mirror of the block keys; returns the four outputs and the `scores` they chose from.
     pub fn step_cpu(
         &mut self,
         new_tokens: &[usize],
@@ -488,7 +491,7 @@ impl QsaIndexer {
             ("norm_weight_offset", j(c.k_norm_offset.into())),
         ];
         let a = a.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        let new_keys = ops::run_blocking("qsa_compress_paged", &m, &a, Exec::Cpu)?
+        let new_keys = ops::run_cpu("qsa_compress_paged", &m, &a)?
             .remove("block_keys")
             .unwrap();
         let nb = new_keys.data.len();
@@ -504,7 +507,7 @@ impl QsaIndexer {
             ("norm_weight_offset", j(c.q_norm_offset.into())),
         ];
         let a = a.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        let q = ops::run_blocking("qsa_prepare_query", &m, &a, Exec::Cpu)?
+        let q = ops::run_cpu("qsa_prepare_query", &m, &a)?
             .remove("index_query")
             .unwrap();
 
@@ -523,19 +526,20 @@ impl QsaIndexer {
         if let Some(s) = c.scale {
             a.insert("scale".into(), j(s.into()));
         }
-        let scores = ops::run_blocking("block_score", &m, &a, Exec::Cpu)?
+        let scores = ops::run_cpu("block_score", &m, &a)?
             .remove("scores")
             .unwrap();
-        let m = TensorMap::from([("scores".to_string(), scores)]);
+        let m = TensorMap::from([("scores".to_string(), scores.clone())]);
         let a = [("k".to_string(), j(c.k.into()))].into_iter().collect();
-        let mut sel = ops::run_blocking("block_topk", &m, &a, Exec::Cpu)?;
+        let mut sel = ops::run_cpu("block_topk", &m, &a)?;
         let mut m = TensorMap::new();
         m.insert("block_indices".into(), sel["block_indices"].clone());
         m.insert("block_count".into(), sel["block_count"].clone());
         m.insert("positions".into(), Tensor::from_i32(&[t], &positions));
         let a = [("ratio".to_string(), j(c.r.into()))].into_iter().collect();
-        let route = ops::run_blocking("expand_route", &m, &a, Exec::Cpu)?;
+        let route = ops::run_cpu("expand_route", &m, &a)?;
         sel.extend(route);
+        sel.insert("scores".into(), scores);
         Ok(sel)
     }
 

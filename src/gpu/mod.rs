@@ -8,6 +8,7 @@ pub use buffers::{GpuTensor, Readback};
 pub use cache::{CachedPipeline, PipelineCache, PipelineKey};
 
 use crate::error::{Error, Result};
+use crate::shaders::ShaderTarget;
 use std::sync::Arc;
 
 /// How to pick the adapter.
@@ -103,6 +104,7 @@ impl Context {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let target = ShaderTarget::of(info.backend);
         Ok(Arc::new(Context {
             instance,
             adapter,
@@ -111,7 +113,7 @@ impl Context {
             info,
             limits,
             caps,
-            cache: PipelineCache::default(),
+            cache: PipelineCache::new(target),
             dummy,
         }))
     }
