@@ -1,319 +1,327 @@
-// nsa_compress_attention (SPEC §8.1), first stage: compressed attention and the aggregated
-// selection scores. One workgroup per (query row r, KV head n2); the G = N1/N2 query heads of
-// the group are taken one after another:
-//   1. stage q_h in workgroup memory; pass 1 over the visible compressed tokens j < vis
-//      (vis: all c_b, or under the causal mask those with j·d + l − 1 <= p) keeps a running
-//      (max, sum) per invocation, merged by a tree reduction;
-//   2. pass 2 recomputes x_j, P_j = exp(x_j − max) / sum, adds P_j to psum[j] (the group's sum
-//      of probabilities; invocation lid owns the j ≡ lid (mod WG), so no races) and multiplies
-//      round_T(P_j) by V_j, a tile of 128 tokens at a time, four output channels per invocation.
-// Then the selection scores from psum by Ascend's mapping, with S' = l'/d, N' = l/d:
-//   agg[o] = Σ_{m<S'} Σ_{n<N'} psum[S'(o+1) − m − n] = Σ_u mult(u) · psum[S'(o+1) − u],
-//   mult(u) = #{(m, n): m + n = u} = min(u, S'−1, N'−1, S'+N'−2−u) + 1,
-// terms outside 0 … vis − 1 being 0; blocks 0, nsel−2, nsel−1 get +inf; o >= nsel gets −inf so
-// the block_topk stage that follows ignores it. BSND padding rows get a zero output and an
-// all −inf score row (so −1 indices). Lengths and block-table entries are device data: the row
-// is skipped and flagged when one is out of range, and nothing is read out of bounds.
+// nsa_compress_attention (SPEC §8.1), stage 1 of 3: the logits. One workgroup per (query row
+// r, KV head, chunk of 16 query heads, split of S1 = 1024 compressed tokens). Invocation lid
+// owns the 16 tokens lo + lid + 64·t of the split and keeps their 16 heads' dot products in
+// 16 mat4x4 accumulators (column h / 4, row h % 4), so each K row is read once for all the
+// chunk's heads and each query value staged in workgroup memory serves 16 tokens. The query
+// chunk is staged DC channels at a time. Where the K rows allow it (BY16) the keys are read
+// 16 bytes at a time through a second binding of the same buffer.
+//
+// llvmpipe (lavapipe's CPU driver) runs every storage and workgroup-memory access as a loop
+// over the SIMD lanes, and keeps arrays indexed in a loop in memory: hence 16-byte loads,
+// whole mat4x4 loads of the staged query, and accumulators in named variables.
+//
+// Output: x_j = scale · q_h·K_j of the visible tokens (j < vis) into the logits scratch, and
+// the split's max and sum of exp per head into the stats scratch (merged by stage 2). Tokens
+// past vis are computed on the row of the last visible token and dropped.
 
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
+//#include common/nsa_attention.wgsl
 
-struct NsaCompressAttentionParams {
-    rows: u32,        // query rows R: T (TND) or B·S (BSND)
-    batches: u32,     // B
-    seq: u32,         // S of BSND; 0 for TND
-    n1: u32,          // query heads
-    n2: u32,          // KV heads
-    dqk: u32,
-    dv: u32,
-    page: u32,        // compressed tokens per cache block
-    num_blocks: u32,  // blocks in the cache
-    max_blocks: u32,  // columns of block_table
-    l: u32,           // compress_block_size
-    d: u32,           // compress_stride
-    lsel: u32,        // select_block_size l'
-    k: u32,           // select_block_count
-    c_max: u32,       // row stride of psum (largest c_b)
-    w: u32,           // row width of scores (largest nsel)
-    causal: u32,
-    scale: f32,
-    _pad0: u32,
-    _pad1: u32,
-}
+@group(0) @binding(4) var<storage, read> query: array<u32>;       // [R, N1, Dqk] T
+@group(0) @binding(5) var<storage, read> key: array<u32>;         // [num_blocks, page, N2·Dqk] T
+@group(0) @binding(6) var<storage, read> key4: array<vec4<u32>>;  // the same, 16 bytes a load (or a dummy)
+@group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 
-@group(0) @binding(0) var<uniform> P: NsaCompressAttentionParams;
-@group(0) @binding(1) var<storage, read> query: array<u32>;        // [R, N1, Dqk] T
-@group(0) @binding(2) var<storage, read> key: array<u32>;          // [num_blocks, page, N2·Dqk] T
-@group(0) @binding(3) var<storage, read> value: array<u32>;        // [num_blocks, page, N2·Dv] T
-@group(0) @binding(4) var<storage, read> block_table: array<u32>;  // [B, max_blocks] i32
-@group(0) @binding(5) var<storage, read> lens: array<u32>;         // [4B+1]: q_len, cmp_len, sel_len [B]; q_start [B+1]
-@group(0) @binding(6) var<storage, read_write> out: array<atomic<u32>>; // [R, N1, Dv] T
-@group(0) @binding(7) var<storage, read_write> psum: array<f32>;   // [R·N2, c_max] f32 scratch
-@group(0) @binding(8) var<storage, read_write> scores: array<f32>; // [R·N2, W] f32
-@group(0) @binding(9) var<storage, read_write> flags: atomic<u32>;
+const DC: u32 = 128u;  // query channels staged at a time; also 2·WG slots for the reduction
 
-const WG: u32 = 128u;
-const MAX_DQK: u32 = 512u;
-const CPT: u32 = 4u;  // output channels per invocation: Dv <= WG · CPT = 512
-const INFO_FLAGS: u32 = 0u;
-const INFO_PAD: u32 = 1u;
-const INFO_B: u32 = 2u;
-const INFO_VIS: u32 = 3u;
-const INFO_NSEL: u32 = 4u;
-const INFO_COLS: u32 = 5u;
+// 1: the K rows start on 16-byte boundaries (Dqk·sizeof(T) a multiple of 16) and key4 is
+// bound to the key buffer; 0: key4 is a dummy. A specialisation constant, so that each
+// pipeline holds one inner loop.
+override BY16: u32 = 0u;
 
-var<workgroup> qs: array<f32, MAX_DQK>;  // the current query head
-var<workgroup> pt: array<f32, WG>;       // round_T(P_j) of the current tile
-var<workgroup> rmax: array<f32, WG>;     // reduction of the running max ...
-var<workgroup> rsum: array<f32, WG>;     // ... and sum
-var<workgroup> info: array<u32, 8>;      // the row's facts, decided by invocation 0
-var<workgroup> bad: atomic<u32>;
+var<workgroup> qs: array<mat4x4<f32>, DC>;  // qs[c][h / 4][h % 4] = q of chunk head h, channel c
 
 fn ld_q(i: u32) -> f32 { return t_load(query[t_word(i)], i); }
 fn ld_k(i: u32) -> f32 { return t_load(key[t_word(i)], i); }
-fn ld_v(i: u32) -> f32 { return t_load(value[t_word(i)], i); }
-fn st_out(i: u32, v: f32) {
-    atomicAnd(&out[t_word(i)], t_keep(i));
-    atomicOr(&out[t_word(i)], t_bits(v, i));
-}
-// Infinities from bits held in a variable: a constant expression must not evaluate to one
-// (browsers reject it at shader creation; naga allows it).
-fn neg_inf() -> f32 { var b = 0xff800000u; return bitcast<f32>(b); }
-fn pos_inf() -> f32 { var b = 0x7f800000u; return bitcast<f32>(b); }
 
-// v rounded to T and widened back.
-fn t_round(v: f32) -> f32 {
-    if (T_KIND == 1u) {
-        return f16_bits_to_f32(f32_to_f16_bits(v));
-    }
-    if (T_KIND == 2u) {
-        return bitcast<f32>(f32_to_bf16_bits(v) << 16u);
-    }
-    return v;
+// Channels c … c + 3 (query q0 … q3, keys k) added to accumulator a, in channel order.
+fn acc4(a: mat4x4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32>,
+        k: vec4<f32>) -> mat4x4<f32> {
+    return a + q0 * k.x + q1 * k.y + q2 * k.z + q3 * k.w;
 }
 
-// Row of compressed token j of batch b in the cache (block-table entries checked beforehand).
-fn cache_row(b: u32, j: u32) -> u32 {
-    let blk = block_table[b * P.max_blocks + j / P.page];
-    return blk * P.page + j % P.page;
+// Channels 0 … 3 and 4 … 7 of a 16-byte word of 16-bit T.
+fn lo4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(t_load(w.x, 0u), t_load(w.x, 1u), t_load(w.y, 0u), t_load(w.y, 1u));
+}
+fn hi4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(t_load(w.z, 0u), t_load(w.z, 1u), t_load(w.w, 0u), t_load(w.w, 1u));
 }
 
-fn logit(b: u32, kv: u32, j: u32) -> f32 {
-    let base = (cache_row(b, j) * P.n2 + kv) * P.dqk;
-    var dot = 0.0;
-    for (var c = 0u; c < P.dqk; c++) {
-        dot += qs[c] * ld_k(base + c);
-    }
-    return P.scale * dot;
+fn mmax(a: mat4x4<f32>, b: mat4x4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]));
+}
+fn mexp(a: mat4x4<f32>, m: mat4x4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(exp(a[0] - m[0]), exp(a[1] - m[1]), exp(a[2] - m[2]), exp(a[3] - m[3]));
 }
 
-// Facts of query row r (invocation 0 only): its batch, padding, visible count, nsel, the
-// block-table columns it reads, and any flag its lengths raise.
-fn row_info(r: u32) -> array<u32, 8> {
-    var f = array<u32, 8>(0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u);
-    let nb = P.batches;
-    var b = 0u;
-    var s = 0u;
-    if (P.seq == 0u) {
-        // TND: last b with q_start[b] <= r.
-        var hi = nb;
-        while (hi - b > 1u) {
-            let mid = (b + hi) / 2u;
-            if (lens[3u * nb + mid] <= r) { b = mid; } else { hi = mid; }
-        }
-        s = r - min(r, lens[3u * nb + b]);
-        if (r < lens[3u * nb + b] || s >= lens[b]) {
-            f[INFO_FLAGS] = FLAG_NSA_LENGTHS;
-            return f;
-        }
-    } else {
-        b = r / P.seq;
-        s = r % P.seq;
-        if (s >= lens[b]) {
-            f[INFO_PAD] = 1u;
-            return f;
-        }
+// Logits of token j (if visible) for the chunk's nq quads, at quad `at` of the logits.
+fn store_x(x: mat4x4<f32>, j: u32, vis: u32, at: u32, nq: u32) {
+    if (j < vis) {
+        let t = at + j * quads();
+        scratch[t] = x[0];
+        if (nq > 1u) { scratch[t + 1u] = x[1]; }
+        if (nq > 2u) { scratch[t + 2u] = x[2]; }
+        if (nq > 3u) { scratch[t + 3u] = x[3]; }
     }
-    f[INFO_B] = b;
-    let c = lens[nb + b];
-    if (c == 0u || c > P.c_max) {
-        f[INFO_FLAGS] = FLAG_NSA_LENGTHS;
-        return f;
-    }
-    let cols = (c + P.page - 1u) / P.page;
-    if (cols > P.max_blocks) {
-        f[INFO_FLAGS] = FLAG_PAGE_SLOT;
-        return f;
-    }
-    let nsel = ((c - 1u) * P.d + P.l + P.lsel - 1u) / P.lsel;
-    if (nsel > P.w || P.k > nsel) {
-        f[INFO_FLAGS] = FLAG_NSA_LENGTHS;
-        return f;
-    }
-    var vis = c;
-    if (P.causal != 0u) {
-        let sel = lens[2u * nb + b];
-        let q = lens[b];
-        if (sel < q) {
-            f[INFO_FLAGS] = FLAG_NSA_LENGTHS;
-            return f;
-        }
-        let p1 = sel - q + s + 1u;  // p + 1
-        vis = 0u;
-        if (p1 >= P.l) {
-            vis = min(c, (p1 - P.l) / P.d + 1u);
-        }
-    }
-    f[INFO_VIS] = vis;
-    f[INFO_NSEL] = nsel;
-    f[INFO_COLS] = cols;
-    return f;
 }
 
-// Merges running (max, sum) pairs; a sum of 0 means "no token yet".
-fn merge(ma: f32, sa: f32, mb: f32, sb: f32) -> vec2<f32> {
-    if (sb == 0.0) { return vec2<f32>(ma, sa); }
-    if (sa == 0.0) { return vec2<f32>(mb, sb); }
-    let m = max(ma, mb);
-    return vec2<f32>(m, sa * exp(ma - m) + sb * exp(mb - m));
-}
-
-fn mult(u: u32, sp: u32, np: u32) -> f32 {
-    return f32(min(min(u, sp - 1u), min(np - 1u, sp + np - 2u - u)) + 1u);
-}
-
-@compute @workgroup_size(128)
+@compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let id = wg.y * nwg.x + wg.x;
-    if (id >= P.rows * P.n2) {
+    let g = group_size();
+    let nhc = head_chunks();
+    let ns1 = splits1();
+    if (id >= P.rows * P.n2 * nhc * ns1) {
         return;
     }
-    let r = id / P.n2;
-    let kv = id % P.n2;
-    let g = P.n1 / P.n2;
-    if (lid == 0u) {
-        info = row_info(r);
-        atomicStore(&bad, info[INFO_FLAGS]);
-    }
-    workgroupBarrier();
-    // Every block-table entry the row reads must name a block of the cache.
-    let b = info[INFO_B];
-    for (var col = lid; col < info[INFO_COLS]; col += WG) {
-        if (block_table[b * P.max_blocks + col] >= P.num_blocks) {
-            atomicOr(&bad, FLAG_PAGE);
-        }
-    }
-    workgroupBarrier();
-    if (lid == 0u) {
-        info[INFO_FLAGS] = atomicLoad(&bad);
-    }
-    let fx = workgroupUniformLoad(&info);
-    if (fx[INFO_FLAGS] != 0u) {
-        if (lid == 0u) { atomicOr(&flags, fx[INFO_FLAGS]); }
-        return;
-    }
-    let score_row = id * P.w;
-    if (fx[INFO_PAD] != 0u) {
-        for (var i = lid; i < g * P.dv; i += WG) {
-            st_out((r * P.n1 + kv * g) * P.dv + i, 0.0);
-        }
-        for (var o = lid; o < P.w; o += WG) {
-            scores[score_row + o] = neg_inf();
-        }
-        return;
-    }
+    let s1 = id % ns1;
+    let hc = (id / ns1) % nhc;
+    let kv = (id / (ns1 * nhc)) % P.n2;
+    let r = id / (ns1 * nhc * P.n2);
+    let lo = s1 * S1;
+    let fx = row_facts(r, lid, lo, lo + S1);
     let vis = fx[INFO_VIS];
-    let nsel = fx[INFO_NSEL];
-    let ps_row = id * P.c_max;
-    let tiles = (vis + WG - 1u) / WG;
+    if (fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis) {
+        return;
+    }
+    let b = fx[INFO_B];
+    let h0 = kv * g + hc * HC;  // first query head of the chunk
+    let nh = min(HC, g - hc * HC);
 
-    for (var hh = 0u; hh < g; hh++) {
-        let h = kv * g + hh;
-        for (var c = lid; c < P.dqk; c += WG) {
-            qs[c] = ld_q((r * P.n1 + h) * P.dqk + c);
+    // Element offset of each owned token's K row; tokens past vis take the last visible row.
+    let j0 = lo + lid;
+    let last = vis - 1u;
+    let kw = P.n2 * P.dqk;
+    let off = kv * P.dqk;
+    let rb0 = cache_row(b, min(j0, last)) * kw + off;
+    let rb1 = cache_row(b, min(j0 + 64u, last)) * kw + off;
+    let rb2 = cache_row(b, min(j0 + 128u, last)) * kw + off;
+    let rb3 = cache_row(b, min(j0 + 192u, last)) * kw + off;
+    let rb4 = cache_row(b, min(j0 + 256u, last)) * kw + off;
+    let rb5 = cache_row(b, min(j0 + 320u, last)) * kw + off;
+    let rb6 = cache_row(b, min(j0 + 384u, last)) * kw + off;
+    let rb7 = cache_row(b, min(j0 + 448u, last)) * kw + off;
+    let rb8 = cache_row(b, min(j0 + 512u, last)) * kw + off;
+    let rb9 = cache_row(b, min(j0 + 576u, last)) * kw + off;
+    let rb10 = cache_row(b, min(j0 + 640u, last)) * kw + off;
+    let rb11 = cache_row(b, min(j0 + 704u, last)) * kw + off;
+    let rb12 = cache_row(b, min(j0 + 768u, last)) * kw + off;
+    let rb13 = cache_row(b, min(j0 + 832u, last)) * kw + off;
+    let rb14 = cache_row(b, min(j0 + 896u, last)) * kw + off;
+    let rb15 = cache_row(b, min(j0 + 960u, last)) * kw + off;
+    var a0 = mat4x4<f32>();
+    var a1 = mat4x4<f32>();
+    var a2 = mat4x4<f32>();
+    var a3 = mat4x4<f32>();
+    var a4 = mat4x4<f32>();
+    var a5 = mat4x4<f32>();
+    var a6 = mat4x4<f32>();
+    var a7 = mat4x4<f32>();
+    var a8 = mat4x4<f32>();
+    var a9 = mat4x4<f32>();
+    var a10 = mat4x4<f32>();
+    var a11 = mat4x4<f32>();
+    var a12 = mat4x4<f32>();
+    var a13 = mat4x4<f32>();
+    var a14 = mat4x4<f32>();
+    var a15 = mat4x4<f32>();
+
+    for (var c0 = 0u; c0 < P.dqk; c0 += DC) {
+        let dc = min(DC, P.dqk - c0);
+        workgroupBarrier();
+        for (var i = lid; i < HC * dc; i += WG) {
+            let c = i / HC;
+            let hh = i % HC;
+            var v = 0.0;
+            if (hh < nh) {
+                v = ld_q((r * P.n1 + h0 + hh) * P.dqk + c0 + c);
+            }
+            qs[c][hh / 4u][hh % 4u] = v;
         }
         workgroupBarrier();
-        // Pass 1: running max and sum of exp over this invocation's tokens, then merged.
-        var m = 0.0;
-        var s = 0.0;
-        for (var j = lid; j < vis; j += WG) {
-            let x = logit(b, kv, j);
-            let ms = merge(m, s, x, 1.0);
-            m = ms.x;
-            s = ms.y;
-        }
-        rmax[lid] = m;
-        rsum[lid] = s;
-        workgroupBarrier();
-        for (var half = WG / 2u; half > 0u; half >>= 1u) {
-            if (lid < half) {
-                let ms = merge(rmax[lid], rsum[lid], rmax[lid + half], rsum[lid + half]);
-                rmax[lid] = ms.x;
-                rsum[lid] = ms.y;
+        if (BY16 == 1u && T_KIND == 0u) {
+            // f32: four channels per 16-byte load.
+            for (var c = 0u; c < dc; c += 4u) {
+                let q0 = qs[c];
+                let q1 = qs[c + 1u];
+                let q2 = qs[c + 2u];
+                let q3 = qs[c + 3u];
+                let w = (c0 + c) / 4u;
+                a0 = acc4(a0, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb0 / 4u + w]));
+                a1 = acc4(a1, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb1 / 4u + w]));
+                a2 = acc4(a2, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb2 / 4u + w]));
+                a3 = acc4(a3, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb3 / 4u + w]));
+                a4 = acc4(a4, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb4 / 4u + w]));
+                a5 = acc4(a5, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb5 / 4u + w]));
+                a6 = acc4(a6, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb6 / 4u + w]));
+                a7 = acc4(a7, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb7 / 4u + w]));
+                a8 = acc4(a8, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb8 / 4u + w]));
+                a9 = acc4(a9, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb9 / 4u + w]));
+                a10 = acc4(a10, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb10 / 4u + w]));
+                a11 = acc4(a11, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb11 / 4u + w]));
+                a12 = acc4(a12, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb12 / 4u + w]));
+                a13 = acc4(a13, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb13 / 4u + w]));
+                a14 = acc4(a14, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb14 / 4u + w]));
+                a15 = acc4(a15, q0, q1, q2, q3, bitcast<vec4<f32>>(key4[rb15 / 4u + w]));
             }
-            workgroupBarrier();
-        }
-        let mx = rmax[0];
-        let sm = rsum[0];
-        // Pass 2: probabilities, the group's sum, and the output.
-        var acc = array<f32, CPT>(0.0, 0.0, 0.0, 0.0);
-        for (var t = 0u; t < tiles; t++) {
-            let j = t * WG + lid;
-            var pj = 0.0;
-            if (j < vis) {
-                pj = exp(logit(b, kv, j) - mx) / sm;
-                if (hh == 0u) {
-                    psum[ps_row + j] = pj;
-                } else {
-                    psum[ps_row + j] += pj;
-                }
+        } else if (BY16 == 1u) {
+            // f16 / bf16: eight channels per 16-byte load.
+            for (var c = 0u; c < dc; c += 8u) {
+                let q0 = qs[c];
+                let q1 = qs[c + 1u];
+                let q2 = qs[c + 2u];
+                let q3 = qs[c + 3u];
+                let q4 = qs[c + 4u];
+                let q5 = qs[c + 5u];
+                let q6 = qs[c + 6u];
+                let q7 = qs[c + 7u];
+                let w = (c0 + c) / 8u;
+                let k0 = key4[rb0 / 8u + w];
+                let k1 = key4[rb1 / 8u + w];
+                let k2 = key4[rb2 / 8u + w];
+                let k3 = key4[rb3 / 8u + w];
+                let k4 = key4[rb4 / 8u + w];
+                let k5 = key4[rb5 / 8u + w];
+                let k6 = key4[rb6 / 8u + w];
+                let k7 = key4[rb7 / 8u + w];
+                let k8 = key4[rb8 / 8u + w];
+                let k9 = key4[rb9 / 8u + w];
+                let k10 = key4[rb10 / 8u + w];
+                let k11 = key4[rb11 / 8u + w];
+                let k12 = key4[rb12 / 8u + w];
+                let k13 = key4[rb13 / 8u + w];
+                let k14 = key4[rb14 / 8u + w];
+                let k15 = key4[rb15 / 8u + w];
+                a0 = acc4(acc4(a0, q0, q1, q2, q3, lo4(k0)), q4, q5, q6, q7, hi4(k0));
+                a1 = acc4(acc4(a1, q0, q1, q2, q3, lo4(k1)), q4, q5, q6, q7, hi4(k1));
+                a2 = acc4(acc4(a2, q0, q1, q2, q3, lo4(k2)), q4, q5, q6, q7, hi4(k2));
+                a3 = acc4(acc4(a3, q0, q1, q2, q3, lo4(k3)), q4, q5, q6, q7, hi4(k3));
+                a4 = acc4(acc4(a4, q0, q1, q2, q3, lo4(k4)), q4, q5, q6, q7, hi4(k4));
+                a5 = acc4(acc4(a5, q0, q1, q2, q3, lo4(k5)), q4, q5, q6, q7, hi4(k5));
+                a6 = acc4(acc4(a6, q0, q1, q2, q3, lo4(k6)), q4, q5, q6, q7, hi4(k6));
+                a7 = acc4(acc4(a7, q0, q1, q2, q3, lo4(k7)), q4, q5, q6, q7, hi4(k7));
+                a8 = acc4(acc4(a8, q0, q1, q2, q3, lo4(k8)), q4, q5, q6, q7, hi4(k8));
+                a9 = acc4(acc4(a9, q0, q1, q2, q3, lo4(k9)), q4, q5, q6, q7, hi4(k9));
+                a10 = acc4(acc4(a10, q0, q1, q2, q3, lo4(k10)), q4, q5, q6, q7, hi4(k10));
+                a11 = acc4(acc4(a11, q0, q1, q2, q3, lo4(k11)), q4, q5, q6, q7, hi4(k11));
+                a12 = acc4(acc4(a12, q0, q1, q2, q3, lo4(k12)), q4, q5, q6, q7, hi4(k12));
+                a13 = acc4(acc4(a13, q0, q1, q2, q3, lo4(k13)), q4, q5, q6, q7, hi4(k13));
+                a14 = acc4(acc4(a14, q0, q1, q2, q3, lo4(k14)), q4, q5, q6, q7, hi4(k14));
+                a15 = acc4(acc4(a15, q0, q1, q2, q3, lo4(k15)), q4, q5, q6, q7, hi4(k15));
             }
-            pt[lid] = t_round(pj);
-            workgroupBarrier();
-            let nj = min(WG, vis - t * WG);
-            for (var jj = 0u; jj < nj; jj++) {
-                let base = (cache_row(b, t * WG + jj) * P.n2 + kv) * P.dv;
-                let pv = pt[jj];
-                for (var q = 0u; q < CPT; q++) {
-                    let c = lid + q * WG;
-                    if (c < P.dv) {
-                        acc[q] += pv * ld_v(base + c);
-                    }
-                }
-            }
-            workgroupBarrier();
-        }
-        for (var q = 0u; q < CPT; q++) {
-            let c = lid + q * WG;
-            if (c < P.dv) {
-                st_out((r * P.n1 + h) * P.dv + c, acc[q]);
+        } else {
+            for (var c = 0u; c < dc; c++) {
+                let q = qs[c];
+                let e = c0 + c;
+                a0 += q * ld_k(rb0 + e);
+                a1 += q * ld_k(rb1 + e);
+                a2 += q * ld_k(rb2 + e);
+                a3 += q * ld_k(rb3 + e);
+                a4 += q * ld_k(rb4 + e);
+                a5 += q * ld_k(rb5 + e);
+                a6 += q * ld_k(rb6 + e);
+                a7 += q * ld_k(rb7 + e);
+                a8 += q * ld_k(rb8 + e);
+                a9 += q * ld_k(rb9 + e);
+                a10 += q * ld_k(rb10 + e);
+                a11 += q * ld_k(rb11 + e);
+                a12 += q * ld_k(rb12 + e);
+                a13 += q * ld_k(rb13 + e);
+                a14 += q * ld_k(rb14 + e);
+                a15 += q * ld_k(rb15 + e);
             }
         }
     }
 
-    // Selection scores of the blocks, from the group's probabilities.
-    storageBarrier();
+    // Logits of the visible tokens, then this invocation's max and sum of exp per head.
+    a0 *= P.scale;
+    a1 *= P.scale;
+    a2 *= P.scale;
+    a3 *= P.scale;
+    a4 *= P.scale;
+    a5 *= P.scale;
+    a6 *= P.scale;
+    a7 *= P.scale;
+    a8 *= P.scale;
+    a9 *= P.scale;
+    a10 *= P.scale;
+    a11 *= P.scale;
+    a12 *= P.scale;
+    a13 *= P.scale;
+    a14 *= P.scale;
+    a15 *= P.scale;
+    let rk = r * P.n2 + kv;
+    let at = logits_at(rk) + hc * 4u;
+    let nq = min(4u, quads() - hc * 4u);
+    store_x(a0, j0, vis, at, nq);
+    store_x(a1, j0 + 64u, vis, at, nq);
+    store_x(a2, j0 + 128u, vis, at, nq);
+    store_x(a3, j0 + 192u, vis, at, nq);
+    store_x(a4, j0 + 256u, vis, at, nq);
+    store_x(a5, j0 + 320u, vis, at, nq);
+    store_x(a6, j0 + 384u, vis, at, nq);
+    store_x(a7, j0 + 448u, vis, at, nq);
+    store_x(a8, j0 + 512u, vis, at, nq);
+    store_x(a9, j0 + 576u, vis, at, nq);
+    store_x(a10, j0 + 640u, vis, at, nq);
+    store_x(a11, j0 + 704u, vis, at, nq);
+    store_x(a12, j0 + 768u, vis, at, nq);
+    store_x(a13, j0 + 832u, vis, at, nq);
+    store_x(a14, j0 + 896u, vis, at, nq);
+    store_x(a15, j0 + 960u, vis, at, nq);
+    // Token 0 of the invocation is visible whenever any is; the later ones only if theirs is.
+    let ni = neg_inf();
+    var m = mat4x4<f32>(vec4<f32>(ni), vec4<f32>(ni), vec4<f32>(ni), vec4<f32>(ni));
+    var s = mat4x4<f32>();
+    if (j0 < vis) { m = a0; }
+    if (j0 + 64u < vis) { m = mmax(m, a1); }
+    if (j0 + 128u < vis) { m = mmax(m, a2); }
+    if (j0 + 192u < vis) { m = mmax(m, a3); }
+    if (j0 + 256u < vis) { m = mmax(m, a4); }
+    if (j0 + 320u < vis) { m = mmax(m, a5); }
+    if (j0 + 384u < vis) { m = mmax(m, a6); }
+    if (j0 + 448u < vis) { m = mmax(m, a7); }
+    if (j0 + 512u < vis) { m = mmax(m, a8); }
+    if (j0 + 576u < vis) { m = mmax(m, a9); }
+    if (j0 + 640u < vis) { m = mmax(m, a10); }
+    if (j0 + 704u < vis) { m = mmax(m, a11); }
+    if (j0 + 768u < vis) { m = mmax(m, a12); }
+    if (j0 + 832u < vis) { m = mmax(m, a13); }
+    if (j0 + 896u < vis) { m = mmax(m, a14); }
+    if (j0 + 960u < vis) { m = mmax(m, a15); }
+    if (j0 < vis) { s = mexp(a0, m); }
+    if (j0 + 64u < vis) { s += mexp(a1, m); }
+    if (j0 + 128u < vis) { s += mexp(a2, m); }
+    if (j0 + 192u < vis) { s += mexp(a3, m); }
+    if (j0 + 256u < vis) { s += mexp(a4, m); }
+    if (j0 + 320u < vis) { s += mexp(a5, m); }
+    if (j0 + 384u < vis) { s += mexp(a6, m); }
+    if (j0 + 448u < vis) { s += mexp(a7, m); }
+    if (j0 + 512u < vis) { s += mexp(a8, m); }
+    if (j0 + 576u < vis) { s += mexp(a9, m); }
+    if (j0 + 640u < vis) { s += mexp(a10, m); }
+    if (j0 + 704u < vis) { s += mexp(a11, m); }
+    if (j0 + 768u < vis) { s += mexp(a12, m); }
+    if (j0 + 832u < vis) { s += mexp(a13, m); }
+    if (j0 + 896u < vis) { s += mexp(a14, m); }
+    if (j0 + 960u < vis) { s += mexp(a15, m); }
+
+    // Merge the invocations in invocation order, one quad of heads each (the staging slots
+    // are free now).
     workgroupBarrier();
-    let sp = P.lsel / P.d;
-    let np = P.l / P.d;
-    for (var o = lid; o < P.w; o += WG) {
-        var v = neg_inf();
-        if (o < nsel) {
-            if (o == 0u || o + 2u >= nsel) {
-                v = pos_inf();
-            } else {
-                let a = sp * (o + 1u);
-                var acc = 0.0;
-                for (var u = 0u; u + 1u < sp + np && u <= a; u++) {
-                    let j = a - u;
-                    if (j < vis) {
-                        acc += mult(u, sp, np) * psum[ps_row + j];
-                    }
-                }
-                v = acc;
-            }
+    qs[lid] = m;
+    qs[WG + lid] = s;
+    workgroupBarrier();
+    if (lid < 4u) {
+        var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+        for (var l = 0u; l < WG; l++) {
+            ms = merge4(ms[0], ms[1], qs[l][lid], qs[WG + l][lid]);
         }
-        scores[score_row + o] = v;
+        let st = stats_at(rk) + (hc * ns1 + s1) * 8u + lid;
+        scratch[st] = ms[0];
+        scratch[st + 4u] = ms[1];
     }
 }

@@ -20,6 +20,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/flags.wgsl"),
     ),
     (
+        "common/nsa_attention.wgsl",
+        include_str!("../shaders/common/nsa_attention.wgsl"),
+    ),
+    (
         "qsa_prepare.wgsl",
         include_str!("../shaders/qsa_prepare.wgsl"),
     ),
@@ -50,6 +54,14 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "nsa_compress_attention.wgsl",
         include_str!("../shaders/nsa_compress_attention.wgsl"),
+    ),
+    (
+        "nsa_compress_attention_values.wgsl",
+        include_str!("../shaders/nsa_compress_attention_values.wgsl"),
+    ),
+    (
+        "nsa_compress_attention_finish.wgsl",
+        include_str!("../shaders/nsa_compress_attention_finish.wgsl"),
     ),
     (
         "sparse_attention.wgsl",

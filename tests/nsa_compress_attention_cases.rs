@@ -8,7 +8,7 @@ mod util;
 use qsa_wgpu::gpu::GpuTensor;
 use qsa_wgpu::ops::common::{flag_word, read_checked};
 use qsa_wgpu::ops::nsa_compress_attention::{
-    encode_nsa_compress_attention, validate, Layout, NsaAttnBuffers,
+    encode_nsa_compress_attention, scratch_words, validate, Layout, NsaAttnBuffers,
 };
 use qsa_wgpu::testing::{compare_selection, Tol};
 use qsa_wgpu::{testing::Rng, DType, Error, Tensor};
@@ -232,6 +232,7 @@ fn device_values_out_of_range_raise_flags() {
         zeros(DType::F32, rows * plan.w),
     );
     let count = zeros(DType::I32, rows);
+    let scratch = zeros(DType::F32, scratch_words(&plan.params()) as usize);
     for (tab, lens, needle) in [
         (&table, plan.lens(), None),
         (&bad_table, plan.lens(), Some("page-table entry")),
@@ -249,6 +250,7 @@ fn device_values_out_of_range_raise_flags() {
             psum: &psum.buffer,
             scores: &scores.buffer,
             count: &count.buffer,
+            scratch: &scratch.buffer,
             flags: &flags.buffer,
         };
         let mut enc = ctx.device.create_command_encoder(&Default::default());

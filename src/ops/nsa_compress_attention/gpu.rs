@@ -1,6 +1,8 @@
-//! The GPU path of `nsa_compress_attention`: two dispatches recorded into one encoder — the
-//! attention and selection-score stage (`shaders/nsa_compress_attention.wgsl`), then the
+//! The GPU path of `nsa_compress_attention`: four dispatches recorded into one encoder — the
+//! logits (`shaders/nsa_compress_attention.wgsl`), the probabilities times the values
+//! (`…_values.wgsl`), the outputs and selection scores (`…_finish.wgsl`), then the
 //! `block_topk` selection over the `[rows · N2, W]` scores (whose order is exactly SPEC §0's).
+//! The first three share `shaders/common/nsa_attention.wgsl`, which also lays out the scratch.
 
 use super::{validate, NsaCompressAttentionAttrs, NsaCompressAttentionInputs};
 use super::{NsaCompressAttentionOutputs, Plan, MAX_DQK, MAX_DV, OP};
@@ -70,6 +72,28 @@ impl Plan {
     }
 }
 
+/// Tokens per stage-1 workgroup (`S1` in `shaders/common/nsa_attention.wgsl`).
+const SPLIT1: u64 = 1024;
+/// Tokens per stage-2 workgroup (`S2`).
+const SPLIT2: u64 = 2048;
+/// Output channels per stage-2 invocation (`CT`), and that stage's workgroup size (`WG`).
+const CHANNELS: u64 = 16;
+const WG: u64 = 64;
+
+/// f32 words of the scratch buffer the stages pass their results through, read 4 heads at a
+/// time (layout in `shaders/common/nsa_attention.wgsl`). With Q = ceil(G / 4) head quads: the
+/// logits `[R·N2, c_max, Q]`, the softmax statistics of each stage-1 split
+/// `[R·N2, ceil(G / 16), ceil(c_max / SPLIT1), 2, 4]` and the output parts of each stage-2 split
+/// `[R·N2, ceil(c_max / SPLIT2) · (WG / ceil(Dv / CHANNELS)), Dv, Q]`, each entry 4 words.
+pub fn scratch_words(prm: &NsaCompressAttentionParams) -> u64 {
+    let (c, dv) = (prm.c_max as u64, prm.dv as u64);
+    let g = (prm.n1 / prm.n2.max(1)) as u64;
+    let q = g.div_ceil(4);
+    let parts = c.div_ceil(SPLIT2) * (WG / dv.div_ceil(CHANNELS).max(1));
+    let per_kv_head = c * q + g.div_ceil(16) * c.div_ceil(SPLIT1) * 8 + parts * dv * q;
+    4 * prm.rows as u64 * prm.n2 as u64 * per_kv_head
+}
+
 /// Device buffers of one `nsa_compress_attention` call. Shapes use R query rows (T, or B·S).
 pub struct NsaAttnBuffers<'a> {
     /// `[R, N1, Dqk]` T.
@@ -94,11 +118,14 @@ pub struct NsaAttnBuffers<'a> {
     pub scores: &'a wgpu::Buffer,
     /// Scratch `[R·N2]` i32: the selection count of each row.
     pub count: &'a wgpu::Buffer,
+    /// Scratch f32 of at least [`scratch_words`] words: logits, softmax statistics and
+    /// output parts, passed between the stages.
+    pub scratch: &'a wgpu::Buffer,
     /// The flag word (`shaders/common/flags.wgsl`).
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records both stages into `enc`. Lengths and block-table entries are read on the device:
+/// Records the four stages into `enc`. Lengths and block-table entries are read on the device:
 /// a row whose values are out of range is skipped and raises a flag (page slot, page, or NSA
 /// lengths) instead of reading out of bounds.
 pub async fn encode_nsa_compress_attention(
@@ -142,6 +169,7 @@ pub async fn encode_nsa_compress_attention(
         ("psum", b.psum, rows * prm.c_max as u64 * 4),
         ("scores", b.scores, rows * prm.w as u64 * 4),
         ("count", b.count, rows * 4),
+        ("scratch", b.scratch, scratch_words(prm) * 4),
     ] {
         ctx.check_binding_size(OP, name, need)?;
         if buf.size() < need {
@@ -151,27 +179,56 @@ pub async fn encode_nsa_compress_attention(
             );
         }
     }
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.query,
-                b.key,
-                b.value,
-                b.block_table,
-                b.lens,
-                b.out,
-                b.psum,
-                b.scores,
-                b.flags,
-            ],
-            groups: rows as u32,
-        },
-    )
-    .await?;
+    // K and V are also bound as 16-byte words where their rows start on 16-byte boundaries
+    // (the shader's BY16); elsewhere a dummy takes that binding.
+    let by16 = |d: u32| (d as u64 * tsize).is_multiple_of(16);
+    let (k16, v16) = (by16(prm.dqk), by16(prm.dv));
+    let key4 = if k16 { b.key } else { &ctx.dummy };
+    let value4 = if v16 { b.value } else { &ctx.dummy };
+    let g = (prm.n1 / prm.n2) as u64;
+    let c = prm.c_max as u64;
+    let groups = [
+        rows * g.div_ceil(16) * c.div_ceil(SPLIT1),
+        rows * c.div_ceil(SPLIT2),
+        rows,
+    ];
+    if groups.iter().any(|&n| n > u32::MAX as u64) {
+        return bad(
+            "params",
+            format!("{groups:?} workgroups exceed the u32 range"),
+        );
+    }
+    let common = [b.lens, b.block_table, b.flags];
+    let stages: [(&'static str, Option<bool>, [&wgpu::Buffer; 4]); 3] = [
+        (OP, Some(k16), [b.query, b.key, key4, b.scratch]),
+        (
+            "nsa_compress_attention_values",
+            Some(v16),
+            [b.value, value4, b.scratch, b.psum],
+        ),
+        (
+            "nsa_compress_attention_finish",
+            None,
+            [b.scratch, b.psum, b.out, b.scores],
+        ),
+    ];
+    for ((shader, wide, own), n) in stages.into_iter().zip(groups) {
+        let mut key = PipelineKey::new(shader, "main").with("T_KIND", dt.shader_kind());
+        if let Some(w) = wide {
+            key = key.with("BY16", w as u32);
+        }
+        encode(
+            ctx,
+            enc,
+            Dispatch {
+                key,
+                params: bytemuck::bytes_of(prm),
+                buffers: common.iter().chain(own.iter()).copied().collect(),
+                groups: n as u32,
+            },
+        )
+        .await?;
+    }
     let sel = BlockTopkParams {
         rows: rows as u32,
         w: prm.w,
@@ -208,6 +265,8 @@ pub async fn gpu(
     let psum = alloc("psum", DType::F32, &[rows, p.c_max], 0)?;
     let scores = alloc("scores", DType::F32, &[rows, p.w], 0xff)?;
     let count = alloc("count", DType::I32, &[rows], 0)?;
+    let words = scratch_words(&p.params()) as usize;
+    let scratch = alloc("scratch", DType::F32, &[words], 0)?;
     let flags = flag_word(ctx)?;
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let bufs = NsaAttnBuffers {
@@ -221,6 +280,7 @@ pub async fn gpu(
         psum: &psum.buffer,
         scores: &scores.buffer,
         count: &count.buffer,
+        scratch: &scratch.buffer,
         flags: &flags.buffer,
     };
     encode_nsa_compress_attention(ctx, &mut enc, p.dt, &p.params(), &bufs).await?;
@@ -231,4 +291,29 @@ pub async fn gpu(
         out: got.pop().unwrap(),
         topk,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The split and tile sizes that size the scratch buffer are the shaders' constants.
+    #[test]
+    fn scratch_geometry_matches_the_shaders() {
+        let src = crate::shaders::assemble("nsa_compress_attention_values").unwrap();
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let constant = |name: &str| -> u64 {
+            let (_, c) = module
+                .constants
+                .iter()
+                .find(|(_, c)| c.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("no constant {name}"));
+            match module.global_expressions[c.init] {
+                naga::Expression::Literal(naga::Literal::U32(v)) => v as u64,
+                ref e => panic!("{name}: {e:?}"),
+            }
+        };
+        assert_eq!(constant("S1"), super::SPLIT1);
+        assert_eq!(constant("S2"), super::SPLIT2);
+        assert_eq!(constant("CT"), super::CHANNELS);
+        assert_eq!(constant("WG"), super::WG);
+    }
 }

@@ -1,8 +1,8 @@
 //! `nsa_compress_attention` (SPEC §8.1, Ascend aclnnNsaCompressAttentionInfer): attention of
 //! each query over the paged compressed K/V cache, and the NSA block selection derived from its
 //! softmax. This file holds the attributes, inputs, outputs and the checked plan; `validate.rs`
-//! every host-checkable rule, `cpu.rs` the reference, `gpu.rs` the two-dispatch GPU path
-//! (`shaders/nsa_compress_attention.wgsl`, then the `block_topk` selection over the aggregated
+//! every host-checkable rule, `cpu.rs` the reference, `gpu.rs` the GPU path (three stages,
+//! `shaders/nsa_compress_attention*.wgsl`, then the `block_topk` selection over the aggregated
 //! scores).
 
 mod cpu;
@@ -10,7 +10,9 @@ mod gpu;
 mod validate;
 
 pub use cpu::{cpu, reference};
-pub use gpu::{encode_nsa_compress_attention, gpu, NsaAttnBuffers, NsaCompressAttentionParams};
+pub use gpu::{
+    encode_nsa_compress_attention, gpu, scratch_words, NsaAttnBuffers, NsaCompressAttentionParams,
+};
 pub use validate::validate;
 
 use super::common::*;
@@ -19,9 +21,10 @@ use crate::tensor::{DType, Tensor};
 
 pub const OP: &str = "nsa_compress_attention";
 
-/// Largest Dqk: one query head is staged in workgroup memory (`MAX_DQK` in the WGSL).
+/// Largest Dqk (the GPU stages the query 128 channels at a time; the limit is the contract's).
 pub const MAX_DQK: usize = 512;
-/// Largest Dv: four output channels per invocation of a 128-wide workgroup.
+/// Largest Dv: 16 output channels per invocation of a 64-wide workgroup covers 1024; the limit
+/// is the contract's.
 pub const MAX_DV: usize = 512;
 /// Largest `actual_q_len` entry (Ascend's limit).
 pub const MAX_Q_LEN: usize = 16;

@@ -9,7 +9,7 @@ use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::common::flag_word;
 use qsa_wgpu::ops::nsa_compress_attention::{
-    encode_nsa_compress_attention, validate as nsa_validate, Layout, NsaAttnBuffers,
+    encode_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout, NsaAttnBuffers,
     NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
 };
 use qsa_wgpu::ops::sparse_attention::{
@@ -228,6 +228,7 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
     let psum = f("psum", DType::F32, &[rows, p.c_max])?;
     let scores = f("scores", DType::F32, &[rows, p.w])?;
     let count = f("count", DType::I32, &[rows])?;
+    let scratch = f("scratch", DType::F32, &[scratch_words(&prm) as usize])?;
     let flags = flag_word(ctx)?;
     let mut timer = Timer::new(ctx, 2);
     let (mut walls, mut stages) = (Vec::new(), Vec::new());
@@ -245,9 +246,10 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
             psum: &psum.buffer,
             scores: &scores.buffer,
             count: &count.buffer,
+            scratch: &scratch.buffer,
             flags: &flags.buffer,
         };
-        // One timed span around the op's two dispatches.
+        // One timed span around the op's four dispatches.
         if let Some(t) = &mut timer {
             t.clear();
             t.begin_span(&mut enc, "attention+topk");
