@@ -3,8 +3,9 @@
 // owns the 16 tokens lo + lid + 64·t of the split and keeps their 16 heads' dot products in
 // 16 mat4x4 accumulators (column h / 4, row h % 4), so each K row is read once for all the
 // chunk's heads and each query value staged in workgroup memory serves 16 tokens. The query
-// chunk is staged DC channels at a time. Where the K rows allow it (BY16) the keys are read
-// 16 bytes at a time through a second binding of the same buffer.
+// chunk is staged DC channels at a time (bf16: as bf16 pairs, exact in half the loads). Where
+// the K rows allow it (BY16) the keys are read 16 bytes at a time through a second binding of
+// the same buffer.
 //
 // llvmpipe (lavapipe's CPU driver) runs every storage and workgroup-memory access as a loop
 // over the SIMD lanes, and keeps arrays indexed in a loop in memory: hence 16-byte loads,
@@ -31,8 +32,19 @@ const DC: u32 = 128u;  // query channels staged at a time; also 2·WG slots for 
 override BY16: u32 = 0u;
 
 var<workgroup> qs: array<mat4x4<f32>, DC>;  // qs[c][h / 4][h % 4] = q of chunk head h, channel c
+// bf16 (exact in half the loads): qh[2c + h / 8][(h % 8) / 2] holds q of heads h, h + 1 (h even).
+var<workgroup> qh: array<vec4<u32>, 2u * DC>;
 
 fn ld_q(i: u32) -> f32 { return t_load(query[t_word(i)], i); }
+// The 16 bits of element i of a 16-bit T query.
+fn q_bits(i: u32) -> u32 { return (query[i >> 1u] >> (16u * (i & 1u))) & 0xffffu; }
+
+// The 16 heads of channel c staged as bf16 pairs.
+fn q_bf16(c: u32) -> mat4x4<f32> {
+    let w0 = qh[2u * c];
+    let w1 = qh[2u * c + 1u];
+    return mat4x4<f32>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
+}
 fn ld_k(i: u32) -> f32 { return t_load(key[t_word(i)], i); }
 
 // Channels c … c + 3 (query q0 … q3, keys k) added to accumulator a, in channel order.
@@ -132,14 +144,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var c0 = 0u; c0 < P.dqk; c0 += DC) {
         let dc = min(DC, P.dqk - c0);
         workgroupBarrier();
-        for (var i = lid; i < HC * dc; i += WG) {
-            let c = i / HC;
-            let hh = i % HC;
-            var v = 0.0;
-            if (hh < nh) {
-                v = ld_q((r * P.n1 + h0 + hh) * P.dqk + c0 + c);
+        if (BY16 == 1u && T_KIND == 2u) {
+            for (var i = lid; i < HC / 2u * dc; i += WG) {
+                let c = i / (HC / 2u);
+                let hh = 2u * (i % (HC / 2u));
+                let e = (r * P.n1 + h0 + hh) * P.dqk + c0 + c;
+                var v = 0u;
+                if (hh < nh) { v = q_bits(e); }
+                if (hh + 1u < nh) { v |= q_bits(e + P.dqk) << 16u; }
+                qh[2u * c + hh / 8u][(hh % 8u) / 2u] = v;
             }
-            qs[c][hh / 4u][hh % 4u] = v;
+        } else {
+            for (var i = lid; i < HC * dc; i += WG) {
+                let c = i / HC;
+                let hh = i % HC;
+                var v = 0.0;
+                if (hh < nh) {
+                    v = ld_q((r * P.n1 + h0 + hh) * P.dqk + c0 + c);
+                }
+                qs[c][hh / 4u][hh % 4u] = v;
+            }
         }
         workgroupBarrier();
         if (BY16 == 1u && T_KIND == 0u) {
@@ -170,14 +194,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         } else if (BY16 == 1u) {
             // f16 / bf16: eight channels per 16-byte load.
             for (var c = 0u; c < dc; c += 8u) {
-                let q0 = qs[c];
-                let q1 = qs[c + 1u];
-                let q2 = qs[c + 2u];
-                let q3 = qs[c + 3u];
-                let q4 = qs[c + 4u];
-                let q5 = qs[c + 5u];
-                let q6 = qs[c + 6u];
-                let q7 = qs[c + 7u];
+                var q0: mat4x4<f32>;
+                var q1: mat4x4<f32>;
+                var q2: mat4x4<f32>;
+                var q3: mat4x4<f32>;
+                var q4: mat4x4<f32>;
+                var q5: mat4x4<f32>;
+                var q6: mat4x4<f32>;
+                var q7: mat4x4<f32>;
+                if (T_KIND == 2u) {
+                    q0 = q_bf16(c);
+                    q1 = q_bf16(c + 1u);
+                    q2 = q_bf16(c + 2u);
+                    q3 = q_bf16(c + 3u);
+                    q4 = q_bf16(c + 4u);
+                    q5 = q_bf16(c + 5u);
+                    q6 = q_bf16(c + 6u);
+                    q7 = q_bf16(c + 7u);
+                } else {
+                    q0 = qs[c];
+                    q1 = qs[c + 1u];
+                    q2 = qs[c + 2u];
+                    q3 = qs[c + 3u];
+                    q4 = qs[c + 4u];
+                    q5 = qs[c + 5u];
+                    q6 = qs[c + 6u];
+                    q7 = qs[c + 7u];
+                }
                 let w = (c0 + c) / 8u;
                 let k0 = key4[rb0 / 8u + w];
                 let k1 = key4[rb1 / 8u + w];

@@ -4,10 +4,10 @@
 //   1. each head's softmax max and sum over all visible tokens, merged from stage 1's splits;
 //   2. a tile of TILE tokens at a time: P_j = exp(x_j − max) / sum for the chunk's heads (the
 //      group's sum of P goes to psum, the selection scores' input), round_T(P_j) and the
-//      token's V row to workgroup memory;
-//   3. invocation lid takes channel tile lid % tiles (CT = 16 channels) and the tokens of part
-//      lid / tiles of the tile, keeping 16 mat4x4 accumulators (16 channels × 16 heads), so
-//      each V row is read once for all the chunk's heads.
+//      token's V row to workgroup memory (bf16: as bf16 pairs, exact in half the loads);
+//   3. invocation lid takes channel tile lid % tiles (CT = 16 channels) and part lid / tiles
+//      of the tile (a run of consecutive tokens), keeping 16 mat4x4 accumulators (16 channels
+//      × 16 heads), so each V row is read once for all the chunk's heads.
 // Each part's Σ round_T(P_j)·V_j goes to the partial scratch; stage 3 adds the parts up.
 
 //#include common/dtype.wgsl
@@ -27,10 +27,18 @@ const TILE: u32 = 128u;
 override BY16: u32 = 0u;
 
 var<workgroup> pt: array<mat4x4<f32>, TILE>;  // round_T(P) of the tile's tokens, by head
+// bf16 (exact in half the loads): pb[2jj + h / 8][(h % 8) / 2] holds heads h, h + 1 (h even).
+var<workgroup> pb: array<vec4<u32>, 2u * TILE>;
 var<workgroup> vrow: array<u32, TILE>;        // element offset of each token's V row
 var<workgroup> hstat: array<vec4<f32>, 8>;    // each head's max (quads 0 … 3), then sum
 
 fn ld_v(i: u32) -> f32 { return t_load(value[t_word(i)], i); }
+
+// bf16 bits of a quad, packed in pairs.
+fn bf16_pairs(v: vec4<f32>) -> vec2<u32> {
+    return vec2<u32>(f32_to_bf16_bits(v.x) | (f32_to_bf16_bits(v.y) << 16u),
+                     f32_to_bf16_bits(v.z) | (f32_to_bf16_bits(v.w) << 16u));
+}
 
 fn t_round4(v: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(t_round(v.x), t_round(v.y), t_round(v.z), t_round(v.w));
@@ -154,7 +162,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 } else {
                     psum[ps_row + j] += sum;
                 }
-                pt[jj] = mat4x4<f32>(t_round4(p[0]), t_round4(p[1]), t_round4(p[2]), t_round4(p[3]));
+                if (T_KIND == 2u) {
+                    pb[2u * jj] = vec4<u32>(bf16_pairs(p[0]), bf16_pairs(p[1]));
+                    pb[2u * jj + 1u] = vec4<u32>(bf16_pairs(p[2]), bf16_pairs(p[3]));
+                } else {
+                    pt[jj] = mat4x4<f32>(t_round4(p[0]), t_round4(p[1]), t_round4(p[2]), t_round4(p[3]));
+                }
                 vrow[jj] = (cache_row(b, j) * P.n2 + kv) * P.dv;
             }
             workgroupBarrier();
@@ -163,7 +176,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if (part < nparts) {
                 let per = (TILE + nparts - 1u) / nparts;
                 for (var jj = part * per; jj < min(nt, part * per + per); jj++) {
-                    let p = pt[jj];
+                    var p: mat4x4<f32>;
+                    if (T_KIND == 2u) {
+                        let w0 = pb[2u * jj];
+                        let w1 = pb[2u * jj + 1u];
+                        p = mat4x4<f32>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
+                    } else {
+                        p = pt[jj];
+                    }
                     let vb = vrow[jj];
                     var v0: vec4<f32>;
                     var v1: vec4<f32>;
@@ -171,20 +191,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     var v3: vec4<f32>;
                     if (BY16 == 1u && T_KIND == 0u) {
                         let last = P.dv - 4u;
-                        v0 = bitcast<vec4<f32>>(value4[(vb + min(cb + 0u, last)) / 4u]);
+                        v0 = bitcast<vec4<f32>>(value4[(vb + min(cb, last)) / 4u]);
                         v1 = bitcast<vec4<f32>>(value4[(vb + min(cb + 4u, last)) / 4u]);
                         v2 = bitcast<vec4<f32>>(value4[(vb + min(cb + 8u, last)) / 4u]);
                         v3 = bitcast<vec4<f32>>(value4[(vb + min(cb + 12u, last)) / 4u]);
                     } else if (BY16 == 1u) {
                         let last = P.dv - 8u;
-                        let w0 = value4[(vb + min(cb + 0u, last)) / 8u];
+                        let w0 = value4[(vb + min(cb, last)) / 8u];
                         v0 = lo4(w0);
                         v1 = hi4(w0);
                         let w1 = value4[(vb + min(cb + 8u, last)) / 8u];
                         v2 = lo4(w1);
                         v3 = hi4(w1);
                     } else {
-                        v0 = ld_v4(vb, cb + 0u);
+                        v0 = ld_v4(vb, cb);
                         v1 = ld_v4(vb, cb + 4u);
                         v2 = ld_v4(vb, cb + 8u);
                         v3 = ld_v4(vb, cb + 12u);

@@ -1,7 +1,8 @@
 //! nsa_compress_attention: GPU against the CPU reference for every storage type and both
 //! layouts over random geometries (ragged actual_q_len up to 16, causal mask on and off,
 //! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
-//! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, and BSND padding rows.
+//! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows, and
+//! lengths around the GPU's split and tile sizes.
 
 mod util;
 
@@ -192,4 +193,108 @@ fn bsnd_padding_rows_are_zero_and_unselected() {
         }
     }
     assert_eq!(got.topk, want.topk);
+}
+
+#[test]
+fn splits_and_tiles() {
+    // The GPU cuts each row's visible compressed tokens into splits (1024 tokens for the
+    // logits, 2048 for the values, tiles of 128) and the query heads into chunks of 16:
+    // lengths just past and short of those sizes, c = 1, a causal step whose rows see only part
+    // of the cache (later splits hold no visible token), G = 1 and G = 128 over several splits,
+    // a query staged in two rounds (Dqk = 136), and K/V rows read 16 bytes at a time or not.
+    let ctx = util::ctx();
+    let mut rng = Rng::new(1025);
+    struct Case {
+        dt: DType,
+        layout: Layout,
+        heads: (usize, usize),
+        dims: (usize, usize),
+        page: usize,
+        q_len: &'static [usize],
+        cmp: &'static [usize],
+        sel: &'static [usize],
+        causal: bool,
+    }
+    let cases = [
+        // c = 1, just past a logits split, just past a values split; G = 4.
+        Case {
+            dt: DType::F32,
+            layout: TND,
+            heads: (8, 2),
+            dims: (16, 12),
+            page: 100,
+            q_len: &[2, 1, 3],
+            cmp: &[1, 1025, 2049],
+            sel: &[0, 0, 0],
+            causal: false,
+        },
+        // G = 128; the two rows of the step see 1500 of 2100 tokens.
+        Case {
+            dt: DType::BF16,
+            layout: TND,
+            heads: (128, 1),
+            dims: (8, 8),
+            page: 128,
+            q_len: &[2],
+            cmp: &[2100],
+            sel: &[1500 * 16 + 31],
+            causal: true,
+        },
+        // G = 1, a 16-token causal step, rows not read 16 bytes at a time.
+        Case {
+            dt: DType::F16,
+            layout: BSND,
+            heads: (3, 3),
+            dims: (20, 10),
+            page: 7,
+            q_len: &[16, 3],
+            cmp: &[1100, 300],
+            sel: &[1100 * 16 + 16, 300 * 16 + 16],
+            causal: true,
+        },
+        // G = 128 in two KV heads, Dqk = 136 staged in two rounds, one token short of a split.
+        Case {
+            dt: DType::BF16,
+            layout: BSND,
+            heads: (256, 2),
+            dims: (136, 40),
+            page: 64,
+            q_len: &[1, 2],
+            cmp: &[1023, 2047],
+            sel: &[0, 0],
+            causal: false,
+        },
+        // Dv = 40 in f32: the last channel tile of the values stage is partial.
+        Case {
+            dt: DType::F32,
+            layout: TND,
+            heads: (32, 2),
+            dims: (24, 40),
+            page: 128,
+            q_len: &[1],
+            cmp: &[2300],
+            sel: &[2300 * 16 + 16],
+            causal: true,
+        },
+    ];
+    for c in cases {
+        let min_nsel = c.cmp.iter().map(|&n| nsel(n, 32, 16, 64)).min().unwrap();
+        let geo = Geo {
+            dt: c.dt,
+            layout: c.layout,
+            n1: c.heads.0,
+            n2: c.heads.1,
+            dqk: c.dims.0,
+            dv: c.dims.1,
+            page: c.page,
+            l: 32,
+            d: 16,
+            lsel: 64,
+            k: min_nsel.min(16),
+            causal: c.causal,
+        };
+        let what = format!("{geo:?} q_len={:?} cmp={:?}", c.q_len, c.cmp);
+        let p = Problem::new(&mut rng, geo, c.q_len, c.cmp, c.sel);
+        check(&ctx, &p, &what);
+    }
 }
