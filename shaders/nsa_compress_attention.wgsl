@@ -94,7 +94,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let kv = (id / (ns1 * nhc)) % P.n2;
     let r = id / (ns1 * nhc * P.n2);
     let lo = s1 * S1;
-    let fx = row_facts(r, lid, lo, lo + S1);
+    let fx = row_facts(r, lid, lo, lo + S1, false);
     let vis = fx[INFO_VIS];
     if (fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis) {
         return;

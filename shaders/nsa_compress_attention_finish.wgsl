@@ -7,8 +7,9 @@
 //   mult(u) = #{(m, n): m + n = u} = min(u, S'−1, N'−1, S'+N'−2−u) + 1,
 // terms outside 0 … vis − 1 being 0; blocks 0, nsel−2, nsel−1 get +inf; o >= nsel gets −inf so
 // the block_topk stage that follows ignores it. BSND padding rows get a zero output and an
-// all −inf score row (so −1 indices). A row whose device values are out of range is skipped
-// (stages 1 and 2 raised its flag).
+// all −inf score row (so −1 indices). A row whose lengths or any block-table entry (visible
+// token or not, as stages 1 and 2 only check the entries they read) are out of range is
+// skipped: nothing written, a flag raised.
 
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
@@ -36,7 +37,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let r = row / P.n2;
-    let fx = row_facts(r, lid, 0u, 0u);
+    let fx = row_facts(r, lid, 0u, 0u, true);
     if (fx[INFO_FLAGS] != 0u) {
         return;
     }

@@ -97,7 +97,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let r = id / (P.n2 * ns2);
     let rk = r * P.n2 + kv;  // (query row, KV head)
     let lo = s2 * S2;
-    let fx = row_facts(r, lid, lo, lo + S2);
+    let fx = row_facts(r, lid, lo, lo + S2, false);
     let vis = fx[INFO_VIS];
     if (fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis) {
         return;

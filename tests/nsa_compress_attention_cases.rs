@@ -1,7 +1,8 @@
 //! nsa_compress_attention on hand-built cases, each checked on the CPU reference and the GPU:
 //! Ascend's score mapping on a hand example, round_T(P) before V, the forced blocks for
 //! nsel = 1, 2, 3, 5, the causal mask for each token of a 4-token step, a query that sees no
-//! compressed token, the selection comparator itself, and the device-side flags.
+//! compressed token, the selection comparator itself, and the device-side flags (also for
+//! entries that only a later split, or no visible token, reads).
 
 mod util;
 
@@ -328,4 +329,88 @@ fn case_file_round_trip() {
     assert_eq!(cpu["topk"].shape, vec![2, 3, 2, 3]);
     assert_eq!(cpu["topk"], gpu["topk"]);
     qsa_wgpu::testing::compare(&gpu["out"], &cpu["out"], util::nsa::out_tol(DType::F16)).unwrap();
+}
+
+#[test]
+fn bad_entries_past_the_first_split_raise_flags() {
+    // The GPU works in splits of the compressed tokens; a bad block-table entry that only a
+    // later split reads (token 2600 of 3000), or that no visible token reads (the causal rows
+    // see 2000 tokens), must still raise the page flag, as must a length past the plan's.
+    let ctx = util::ctx();
+    let mut rng = Rng::new(2600);
+    let mut geo = tiny(DType::BF16, 4, 2, 4, true);
+    (geo.dqk, geo.dv, geo.page) = (16, 8, 128);
+    let p = Problem::new(&mut rng, geo, &[2], &[3000], &[2000 * 16 + 16]);
+    let plan = validate(&p.inputs(), &p.attrs()).unwrap();
+    assert_eq!(plan.visible(0, 1), 2000);
+    let table: Vec<u32> = plan.table.iter().map(|&v| v as u32).collect();
+    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
+    let u32s = |v: &[u32]| up(&Tensor::from_u32(&[v.len()], v));
+    let rows = plan.rows * plan.n2;
+    let zeros = |dt: DType, n: usize| GpuTensor::filled(&ctx, "t", dt, &[n], 0).unwrap();
+    let (q, k, v) = (up(&p.query), up(&p.key), up(&p.value));
+    let out = zeros(DType::BF16, plan.rows * plan.n1 * plan.dv);
+    let topk = zeros(DType::I32, rows * plan.k);
+    let psum = zeros(DType::F32, rows * plan.c_max);
+    let scores = zeros(DType::F32, rows * plan.w);
+    let count = zeros(DType::I32, rows);
+    let scratch = zeros(DType::F32, scratch_words(&plan.params()) as usize);
+    let with_entry = |col: usize| {
+        let mut t = table.clone();
+        t[col] = plan.num_blocks as u32 + 5;
+        t
+    };
+    let mut long = plan.lens();
+    long[1] = plan.c_max as u32 + 3;
+    for (tab, lens, needle) in [
+        (table.clone(), plan.lens(), None),
+        (
+            with_entry(2600 / 128),
+            plan.lens(),
+            Some("page-table entry"),
+        ),
+        (
+            with_entry(2999 / 128),
+            plan.lens(),
+            Some("page-table entry"),
+        ),
+        (table.clone(), long, Some("NSA")),
+    ] {
+        let (tab, lens, flags) = (u32s(&tab), u32s(&lens), flag_word(&ctx).unwrap());
+        let bufs = NsaAttnBuffers {
+            query: &q.buffer,
+            key: &k.buffer,
+            value: &v.buffer,
+            block_table: &tab.buffer,
+            lens: &lens.buffer,
+            out: &out.buffer,
+            topk: &topk.buffer,
+            psum: &psum.buffer,
+            scores: &scores.buffer,
+            count: &count.buffer,
+            scratch: &scratch.buffer,
+            flags: &flags.buffer,
+        };
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        pollster::block_on(encode_nsa_compress_attention(
+            &ctx,
+            &mut enc,
+            DType::BF16,
+            &plan.params(),
+            &bufs,
+        ))
+        .unwrap();
+        pollster::block_on(ctx.submit("test", enc)).unwrap();
+        let got = pollster::block_on(read_checked(
+            &ctx,
+            "nsa_compress_attention",
+            &[&out],
+            &flags,
+        ));
+        match (needle, got) {
+            (None, Ok(_)) => {}
+            (Some(n), Err(Error::Device { msg, .. })) => assert!(msg.contains(n), "{msg}"),
+            (n, other) => panic!("expected {n:?}, got {other:?}"),
+        }
+    }
 }

@@ -168,19 +168,26 @@ fn row_info(r: u32) -> array<u32, 8> {
     return f;
 }
 
-// The facts of row r for the whole workgroup, after checking the block-table entries of the
-// visible tokens lo … hi_cap − 1 that this workgroup reads (every entry it uses must name a
-// block of the cache). A flag is raised here and left in INFO_FLAGS; the caller skips the row.
-fn row_facts(r: u32, lid: u32, lo: u32, hi_cap: u32) -> array<u32, 8> {
+// The facts of row r for the whole workgroup, after checking the block-table entries that
+// this workgroup reads: those of the visible tokens lo … hi_cap − 1, or with whole_row all of
+// the row's columns (every entry used must name a block of the cache). A flag is raised here
+// and left in INFO_FLAGS; the caller skips the row.
+fn row_facts(r: u32, lid: u32, lo: u32, hi_cap: u32, whole_row: bool) -> array<u32, 8> {
     if (lid == 0u) {
         info = row_info(r);
         atomicStore(&bad, info[INFO_FLAGS]);
     }
     let f = workgroupUniformLoad(&info);
-    let hi = min(hi_cap, f[INFO_VIS]);
-    if (f[INFO_FLAGS] == 0u && f[INFO_PAD] == 0u && lo < hi) {
+    var c_lo = 0u;
+    var c_hi = f[INFO_COLS];  // columns c_lo … c_hi − 1
+    if (!whole_row) {
+        let hi = min(hi_cap, f[INFO_VIS]);
+        c_lo = lo / P.page;
+        c_hi = select(c_lo, (hi - 1u) / P.page + 1u, lo < hi);
+    }
+    if (f[INFO_FLAGS] == 0u && f[INFO_PAD] == 0u) {
         let b = f[INFO_B];
-        for (var col = lo / P.page + lid; col <= (hi - 1u) / P.page; col += WG) {
+        for (var col = c_lo + lid; col < c_hi; col += WG) {
             if (block_table[b * P.max_blocks + col] >= P.num_blocks) {
                 atomicOr(&bad, FLAG_PAGE);
             }
