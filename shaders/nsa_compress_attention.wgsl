@@ -36,6 +36,7 @@ var<workgroup> qs: array<mat4x4<f32>, DC>;  // qs[c][h / 4][h % 4] = q of chunk 
 var<workgroup> qh: array<vec4<u32>, 2u * DC>;
 
 fn ld_q(i: u32) -> f32 { return t_load(query[t_word(i)], i); }
+fn ld_k(i: u32) -> f32 { return t_load(key[t_word(i)], i); }
 // The 16 bits of element i of a 16-bit T query.
 fn q_bits(i: u32) -> u32 { return (query[i >> 1u] >> (16u * (i & 1u))) & 0xffffu; }
 
@@ -45,20 +46,11 @@ fn q_bf16(c: u32) -> mat4x4<f32> {
     let w1 = qh[2u * c + 1u];
     return mat4x4<f32>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
 }
-fn ld_k(i: u32) -> f32 { return t_load(key[t_word(i)], i); }
 
 // Channels c … c + 3 (query q0 … q3, keys k) added to accumulator a, in channel order.
 fn acc4(a: mat4x4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32>,
         k: vec4<f32>) -> mat4x4<f32> {
     return a + q0 * k.x + q1 * k.y + q2 * k.z + q3 * k.w;
-}
-
-// Channels 0 … 3 and 4 … 7 of a 16-byte word of 16-bit T.
-fn lo4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(t_load(w.x, 0u), t_load(w.x, 1u), t_load(w.y, 0u), t_load(w.y, 1u));
-}
-fn hi4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(t_load(w.z, 0u), t_load(w.z, 1u), t_load(w.w, 0u), t_load(w.w, 1u));
 }
 
 fn mmax(a: mat4x4<f32>, b: mat4x4<f32>) -> mat4x4<f32> {

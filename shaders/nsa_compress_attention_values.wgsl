@@ -56,14 +56,6 @@ fn probs(x: vec4<f32>, i: u32, h0: u32, g: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), p, h < vec4<u32>(g));
 }
 
-// Channels 0 … 3 and 4 … 7 of a 16-byte word of 16-bit T.
-fn lo4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(t_load(w.x, 0u), t_load(w.x, 1u), t_load(w.y, 0u), t_load(w.y, 1u));
-}
-fn hi4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(t_load(w.z, 0u), t_load(w.z, 1u), t_load(w.w, 0u), t_load(w.w, 1u));
-}
-
 // Four channels from element e on, each clamped to the row's last channel.
 fn ld_v4(vb: u32, e: u32) -> vec4<f32> {
     let last = P.dv - 1u;
