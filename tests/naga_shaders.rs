@@ -252,8 +252,8 @@ fn params_structs_match_wgsl_layout() {
             v_off,
             has_sinks,
             scale,
-            _pad0,
-            _pad1,
+            ev,
+            dp,
             _pad2
         ]
     );
