@@ -54,6 +54,14 @@ pub const FILES: &[(&str, &str)] = &[
         "sparse_attention.wgsl",
         include_str!("../shaders/sparse_attention.wgsl"),
     ),
+    (
+        "nsa_compress_paged.wgsl",
+        include_str!("../shaders/nsa_compress_paged.wgsl"),
+    ),
+    (
+        "nsa_select_expand.wgsl",
+        include_str!("../shaders/nsa_select_expand.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

@@ -1,6 +1,8 @@
 //! The GPU path of `nsa_compress_attention`: two dispatches recorded into one encoder — the
 //! attention and selection-score stage (`shaders/nsa_compress_attention.wgsl`), then the
 //! `block_topk` selection over the `[rows · N2, W]` scores (whose order is exactly SPEC §0's).
+//! [`dispatch_nsa_compress_attention`] describes both for a caller that records them through a
+//! `BindCache` (the NSA selector); [`encode_nsa_compress_attention`] records them directly.
 
 use super::{validate, NsaCompressAttentionAttrs, NsaCompressAttentionInputs};
 use super::{NsaCompressAttentionOutputs, Plan, MAX_DQK, MAX_DV, OP};
@@ -40,6 +42,21 @@ pub struct NsaCompressAttentionParams {
     pub scale: f32,
     pub _pad0: u32,
     pub _pad1: u32,
+}
+
+/// Stage names of the two dispatches, for `BindCache::record` and GPU timing.
+pub const STAGES: [&str; 2] = ["compress_attention", "select_topk"];
+
+impl NsaCompressAttentionParams {
+    /// The parameters of the selection stage: the top-k of the `[rows · N2, W]` scores.
+    pub fn topk_params(&self) -> BlockTopkParams {
+        BlockTopkParams {
+            rows: self.rows * self.n2,
+            w: self.w,
+            k: self.k,
+            out_base: 0,
+        }
+    }
 }
 
 impl Plan {
@@ -98,16 +115,18 @@ pub struct NsaAttnBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records both stages into `enc`. Lengths and block-table entries are read on the device:
-/// a row whose values are out of range is skipped and raises a flag (page slot, page, or NSA
-/// lengths) instead of reading out of bounds.
-pub async fn encode_nsa_compress_attention(
-    ctx: &Context,
-    enc: &mut wgpu::CommandEncoder,
+/// Describes both stages, named by [`STAGES`]: the attention and selection-score dispatch,
+/// then the `block_topk` selection with `sel` (= [`NsaCompressAttentionParams::topk_params`]).
+/// Parameters and buffer sizes are checked here, before anything is recorded. Lengths and
+/// block-table entries are read on the device: a row whose values are out of range is skipped
+/// and raises a flag (page slot, page, or NSA lengths) instead of reading out of bounds.
+pub fn dispatch_nsa_compress_attention<'a>(
+    ctx: &'a Context,
     dt: DType,
-    prm: &NsaCompressAttentionParams,
-    b: &NsaAttnBuffers<'_>,
-) -> Result<()> {
+    prm: &'a NsaCompressAttentionParams,
+    sel: &'a BlockTopkParams,
+    b: &NsaAttnBuffers<'a>,
+) -> Result<[(&'static str, Dispatch<'a>); 2]> {
     let bad = |what: &str, msg: String| Err(Error::input(OP, what, msg));
     let heads_ok = prm.n2 > 0 && prm.n1.is_multiple_of(prm.n2);
     if !heads_ok || prm.dqk as usize > MAX_DQK || prm.dv as usize > MAX_DV {
@@ -151,34 +170,46 @@ pub async fn encode_nsa_compress_attention(
             );
         }
     }
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.query,
-                b.key,
-                b.value,
-                b.block_table,
-                b.lens,
-                b.out,
-                b.psum,
-                b.scores,
-                b.flags,
-            ],
-            groups: rows as u32,
-        },
-    )
-    .await?;
-    let sel = BlockTopkParams {
-        rows: rows as u32,
-        w: prm.w,
-        k: prm.k,
-        out_base: 0,
+    if (sel.rows, sel.w, sel.k, sel.out_base) != (rows as u32, prm.w, prm.k, 0) {
+        return bad(
+            "params",
+            format!("selection params {sel:?} do not match the attention's"),
+        );
+    }
+    let attention = Dispatch {
+        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![
+            b.query,
+            b.key,
+            b.value,
+            b.block_table,
+            b.lens,
+            b.out,
+            b.psum,
+            b.scores,
+            b.flags,
+        ],
+        groups: rows as u32,
     };
-    block_topk::encode_topk(ctx, enc, &sel, b.scores, b.topk, b.count).await
+    let topk = block_topk::dispatch_topk(ctx, sel, b.scores, b.topk, b.count)?;
+    Ok([(STAGES[0], attention), (STAGES[1], topk)])
+}
+
+/// Records both stages of [`dispatch_nsa_compress_attention`] into `enc`, with fresh bind
+/// groups.
+pub async fn encode_nsa_compress_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &NsaCompressAttentionParams,
+    b: &NsaAttnBuffers<'_>,
+) -> Result<()> {
+    let sel = prm.topk_params();
+    for (_, d) in dispatch_nsa_compress_attention(ctx, dt, prm, &sel, b)? {
+        encode(ctx, enc, d).await?;
+    }
+    Ok(())
 }
 
 /// Runs on the GPU: uploads, both stages in one submission, checked readback.

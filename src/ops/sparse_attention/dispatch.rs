@@ -154,10 +154,7 @@ pub fn params_kv(g: &AttentionGeometry, e: usize, ev: usize) -> Result<SparseAtt
         return Err(Error::input(
             OP,
             "kv_blocks",
-            format!(
-                "head_dim {} must be max(E = {e}, Ev = {ev})",
-                l.head_dim
-            ),
+            format!("head_dim {} must be max(E = {e}, Ev = {ev})", l.head_dim),
         ));
     }
     if h == 0 || hkv == 0 || hs == 0 || h % hkv != 0 || h % hs != 0 {
