@@ -417,3 +417,36 @@ fn bad_steps_are_refused() {
     .map(|_| ()));
     assert!(e.contains("l'"), "{e}");
 }
+
+#[test]
+fn demo_runs() {
+    // `qsa demo --nsa`, small: one sequence, a two-chunk prefill, a decode and two verify steps.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qsa"))
+        .args([
+            "demo",
+            "--nsa",
+            "--seqs",
+            "1",
+            "--prefill",
+            "1100",
+            "--chunk",
+            "700",
+        ])
+        .args(["--decode", "1", "--dtype", "f16"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "prefill",
+        "decode",
+        "verify",
+        "summary: 1 sequences, 1109 tokens, 3 steps",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from\n{text}");
+    }
+}

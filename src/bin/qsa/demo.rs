@@ -27,6 +27,9 @@ pub struct DemoArgs {
     /// Storage type: f32, f16 or bf16.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
+    /// Run an NSA selector layer (the paper's geometry) instead: `demo_nsa.rs`.
+    #[arg(long)]
+    pub nsa: bool,
 }
 
 impl Default for DemoArgs {
@@ -37,6 +40,7 @@ impl Default for DemoArgs {
             chunk: 512,
             decode: 16,
             dtype: "bf16".into(),
+            nsa: false,
         }
     }
 }
@@ -45,6 +49,9 @@ const HI: usize = 4;
 const DI: usize = 128;
 
 pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
+    if args.nsa {
+        return crate::demo_nsa::run(backend, args);
+    }
     let dt = DType::parse(&args.dtype)
         .filter(|d| d.is_float())
         .ok_or_else(|| {

@@ -2,6 +2,7 @@
 //! (the main job: a synthetic Qwen3.8-Flash-Next indexer layer checked against the CPU).
 
 mod demo;
+mod demo_nsa;
 
 use clap::{Parser, Subcommand};
 use qsa_wgpu::case::{serialize, Case};

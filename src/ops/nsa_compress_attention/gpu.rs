@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::ops::block_topk::{self, BlockTopkParams};
 use crate::ops::common::*;
+use crate::ops::sparse_attention::{LLVMPIPE_LOOP_BUDGET, LLVMPIPE_LOOP_LIMIT};
 use crate::tensor::{DType, Tensor};
 
 /// Uniform parameters; layout checked against the WGSL struct by a test.
@@ -46,6 +47,22 @@ pub struct NsaCompressAttentionParams {
 
 /// Stage names of the two dispatches, for `BindCache::record` and GPU timing.
 pub const STAGES: [&str; 2] = ["compress_attention", "select_topk"];
+
+/// Invocations per workgroup of the attention stage (`WG` in the WGSL).
+const WG: u64 = 128;
+
+/// Loop iterations one invocation of the attention stage runs at most, as llvmpipe counts them
+/// (a loop of n iterations costs n + 1; the four-channel loops, of constant trip count, are
+/// unrolled and cost nothing: measured on Mesa 22.3, where G = 16, Dqk = 192 fails past seven
+/// tiles of 128 compressed tokens, G = 16, Dqk = 64 past twelve). Per query head of the group,
+/// each tile of 128 compressed tokens costs two logits of Dqk + 1 and the V loop of 129.
+pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
+    let g = (p.n1 / p.n2.max(1)) as u64;
+    let (dqk, tiles) = (p.dqk as u64, (p.c_max as u64).div_ceil(WG));
+    let head = tiles * (2 * dqk + WG + 4) + dqk / WG + 12;
+    let select = ((p.w as u64).div_ceil(WG) + 1) * ((p.lsel + p.l) / p.d.max(1) + 1) as u64;
+    g * head + select + (p.c_max as u64 / (p.page.max(1) as u64)) / WG + 64
+}
 
 impl NsaCompressAttentionParams {
     /// The parameters of the selection stage: the top-k of the `[rows · N2, W]` scores.
@@ -128,6 +145,20 @@ pub fn dispatch_nsa_compress_attention<'a>(
     b: &NsaAttnBuffers<'a>,
 ) -> Result<[(&'static str, Dispatch<'a>); 2]> {
     let bad = |what: &str, msg: String| Err(Error::input(OP, what, msg));
+    let driver = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
+    let (limit, budget) = (LLVMPIPE_LOOP_LIMIT, LLVMPIPE_LOOP_BUDGET);
+    if driver.contains("llvmpipe") && loop_iterations(prm) > budget {
+        return bad(
+            "actual_cmp_kv_len",
+            format!(
+                "{} compressed tokens with G = {} and Dqk = {} need up to {} loop iterations per invocation; llvmpipe stops loops after {limit}",
+                prm.c_max,
+                prm.n1 / prm.n2.max(1),
+                prm.dqk,
+                loop_iterations(prm)
+            ),
+        );
+    }
     let heads_ok = prm.n2 > 0 && prm.n1.is_multiple_of(prm.n2);
     if !heads_ok || prm.dqk as usize > MAX_DQK || prm.dv as usize > MAX_DV {
         return bad(
