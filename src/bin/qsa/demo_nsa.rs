@@ -9,7 +9,7 @@
 
 use crate::demo::DemoArgs;
 use qsa_wgpu::gpu::{Context, ContextOptions};
-use qsa_wgpu::nsa::{check_step, selection_tol, NsaConfig, NsaSelector, StepCheck};
+use qsa_wgpu::nsa::{check_step, cmp_out_tol, selection_tol, NsaConfig, NsaSelector, StepCheck};
 use qsa_wgpu::testing::{attention_tol, compare, transform_tol, Rng};
 use qsa_wgpu::{DType, Error, Result};
 use std::time::Instant;
@@ -134,7 +134,7 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
         );
     }
     println!(
-        "summary: {} sequences, {} tokens, {steps} steps ({rows} query rows), GPU median {:.1} ms/step (submit to outputs read back); {} selection rows (query row × KV head): {} identical to the CPU reference, {} differ only by near ties (within {:?}), 0 wrong; outputs within {:?}",
+        "summary: {} sequences, {} tokens, {steps} steps ({rows} query rows), GPU median {:.1} ms/step (submit to outputs read back); {} selection rows (query row × KV head): {} identical to the CPU reference, {} differ only by near ties (within {:?}), 0 wrong; selected-branch outputs within {:?}, compressed-branch within {:?}",
         args.seqs,
         args.seqs * sel.len(0),
         median(&step_ms),
@@ -142,7 +142,8 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
         agree.exact,
         agree.near_ties,
         selection_tol(dt),
-        attention_tol(dt)
+        attention_tol(dt),
+        cmp_out_tol(dt)
     );
     Ok(())
 }
