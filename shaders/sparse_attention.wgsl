@@ -1,5 +1,8 @@
 // sparse_attention (SPEC §7): GQA attention of each query head over the tokens its selection
-// group gathered, read from the main paged KV pool, with an optional per-head sink.
+// group gathered, read from the main paged KV pool, with an optional per-head sink. Queries and
+// keys have E channels, values and the output Ev (E = Ev unless the pool holds an NSA / MLA
+// style cache with Dqk != Dv); a pool row has Dp = max(E, Ev) channels per head, K in the first
+// E of plane K and V in the first Ev of plane V.
 //
 // One workgroup per (row t, KV head kh, part): part j is the j-th selection group that meets
 // KV head kh's query heads, so the workgroup's heads h0 … h1 − 1 share one KV head *and* one
@@ -35,7 +38,7 @@ struct SparseAttentionParams {
     h: u32,           // query heads
     hkv: u32,         // KV heads
     hs: u32,          // selection groups
-    e: u32,           // head dim
+    e: u32,           // query / key channels E
     w: u32,           // token slots per (row, group)
     parts: u32,       // workgroups per (row, KV head)
     hc: u32,          // heads per pass
@@ -47,19 +50,19 @@ struct SparseAttentionParams {
     v_off: u32,       // the same for plane V
     has_sinks: u32,
     scale: f32,
-    _pad0: u32,
-    _pad1: u32,
+    ev: u32,          // value / output channels Ev (0: E)
+    dp: u32,          // channels of a pool row per head (0: E)
     _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: SparseAttentionParams;
 @group(0) @binding(1) var<storage, read> query: array<u32>;         // [T, H, E] T
-@group(0) @binding(2) var<storage, read> pool: array<u32>;          // [num_pages, 2, layers, page_size, Hkv, E] T, pages page_stride apart
+@group(0) @binding(2) var<storage, read> pool: array<u32>;          // [num_pages, 2, layers, page_size, Hkv, Dp] T, pages page_stride apart
 @group(0) @binding(3) var<storage, read> seqs: array<u32>;          // [N+1 | N | N·max_pages] u32: row_offsets, cache_lengths, page_table
 @group(0) @binding(4) var<storage, read> token_indices: array<i32>; // [T, Hs, W] i32
 @group(0) @binding(5) var<storage, read> token_count: array<i32>;   // [T, Hs] i32
 @group(0) @binding(6) var<storage, read> sinks: array<f32>;         // [H] f32
-@group(0) @binding(7) var<storage, read_write> out: array<atomic<u32>>; // [T, H, E] T
+@group(0) @binding(7) var<storage, read_write> out: array<atomic<u32>>; // [T, H, Ev] T
 @group(0) @binding(8) var<storage, read_write> flags: atomic<u32>;
 
 // q [hc, E4] (E4 = E rounded up to a quad, zero-padded) at 0, then z / weights [hc, TK], then
@@ -121,8 +124,12 @@ fn resolve(n: u32, p: u32, kh: u32, tok: i32) -> u32 {
         atomicOr(&flags, FLAG_PAGE);
         return NO_ROW;
     }
-    return page * P.page_stride + ((pos % P.page_size) * P.hkv + kh) * P.e;
+    return page * P.page_stride + ((pos % P.page_size) * P.hkv + kh) * pool_dim();
 }
+
+// Ev and Dp; a zero in the params means E (the layout before values had their own width).
+fn v_dim() -> u32 { return select(P.ev, P.e, P.ev == 0u); }
+fn pool_dim() -> u32 { return select(P.dp, P.e, P.dp == 0u); }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -164,8 +171,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let p = info.y;
     let cnt = info.z;
     let e = P.e;
+    let ev = v_dim();
     let ep = (e + 3u) & ~3u;          // q rows in `sh` are zero-padded to whole quads
-    let nq = (ep / 4u + TK - 1u) / TK; // channel quads per invocation in step 3
+    let nq = (((ev + 3u) / 4u) + TK - 1u) / TK; // V channel quads per invocation in step 3
     let list = (t * P.hs + g) * P.w;
 
     for (var ha = h0; ha < h1; ha += P.hc) {
@@ -253,8 +261,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 if (r == NO_ROW) { continue; }
                 for (var k = 0u; k < nq; k++) {
                     let cq = lid + k * TK;
-                    if (4u * cq >= e) { break; }
-                    let v4 = ld_quad(r + P.v_off, 4u * cq, e);
+                    if (4u * cq >= ev) { break; }
+                    let v4 = ld_quad(r + P.v_off, 4u * cq, ev);
                     for (var hq = 0u; hq < nhq; hq++) {
                         let j = 4u * hq;
                         let w = zb + j * TK + s;
@@ -287,11 +295,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             for (var k = 0u; k < nq; k++) {
                 let c = 4u * (lid + k * TK);
                 let o = acc[j * nq + k] * factor;
-                let dst = (t * P.h + h) * e + c;
-                if (c < e) { st_out(dst, o.x); }
-                if (c + 1u < e) { st_out(dst + 1u, o.y); }
-                if (c + 2u < e) { st_out(dst + 2u, o.z); }
-                if (c + 3u < e) { st_out(dst + 3u, o.w); }
+                let dst = (t * P.h + h) * ev + c;
+                if (c < ev) { st_out(dst, o.x); }
+                if (c + 1u < ev) { st_out(dst + 1u, o.y); }
+                if (c + 2u < ev) { st_out(dst + 2u, o.z); }
+                if (c + 3u < ev) { st_out(dst + 3u, o.w); }
             }
         }
     }

@@ -59,6 +59,14 @@ pub const FILES: &[(&str, &str)] = &[
         "bench_copy.wgsl",
         include_str!("../shaders/bench_copy.wgsl"),
     ),
+    (
+        "nsa_compress_paged.wgsl",
+        include_str!("../shaders/nsa_compress_paged.wgsl"),
+    ),
+    (
+        "nsa_select_expand.wgsl",
+        include_str!("../shaders/nsa_select_expand.wgsl"),
+    ),
 ];
 
 /// The operator shaders (files outside `common/`), by operator name.

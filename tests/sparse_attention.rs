@@ -1,12 +1,13 @@
 //! sparse_attention: GPU against the CPU reference for f32/f16/bf16 — Qwen3.8-Flash-Next's GQA
 //! shape at the full 2051-token width, MHA, Hs > 1 splitting KV groups, groups that take several
 //! passes, odd E and W, ragged batches mixing prefill and decode rows, multi-layer strided pools
-//! with shuffled pages whose unused memory is garbage; sinks; empty rows; a hand-checked case.
+//! with shuffled pages whose unused memory is garbage; sinks; empty rows; a hand-checked case;
+//! values narrower or wider than keys (`v_head_dim`, NSA's Dqk = 192 / Dv = 128).
 
 mod util;
 
 use qsa_wgpu::ops::sparse_attention::{
-    cpu, gpu, heads_per_pass, SparseAttentionAttrs, SparseAttentionInputs,
+    cpu, gpu, heads_per_pass, heads_per_pass_kv, SparseAttentionAttrs, SparseAttentionInputs,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -25,6 +26,15 @@ struct Shape {
     layer: usize,
     /// Pages `stride_mul` packed pages apart.
     stride_mul: usize,
+    /// Value channels Ev; the pool's head_dim is max(E, Ev), the rest of each row garbage.
+    ev: usize,
+}
+
+impl Shape {
+    /// Channels of a pool row per head.
+    fn dp(&self) -> usize {
+        self.e.max(self.ev)
+    }
 }
 
 fn shape(h: usize, hkv: usize, hs: usize, e: usize, w: usize) -> Shape {
@@ -38,6 +48,7 @@ fn shape(h: usize, hkv: usize, hs: usize, e: usize, w: usize) -> Shape {
         layers: 1,
         layer: 0,
         stride_mul: 1,
+        ev: e,
     }
 }
 
@@ -55,7 +66,7 @@ struct Data {
 /// 0 ..= p in random order (often the full W); the slots past its count hold junk.
 fn data(rng: &mut Rng, s: &Shape, seqs: &[(usize, usize)], sinks: bool) -> Data {
     let rows: usize = seqs.iter().map(|x| x.1).sum();
-    let width = s.hkv * s.e;
+    let width = s.hkv * s.dp();
     let kv = seqs
         .iter()
         .map(|&(c, r)| (rng.normals((c + r) * width), rng.normals((c + r) * width)))
@@ -133,7 +144,7 @@ impl Problem {
 /// of `pages(s, d)`), `s.stride_mul` packed pages apart.
 fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Problem {
     let np = order.len();
-    let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.e);
+    let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.dp());
     let mut pool = PagedPool::new(layout, dt, order);
     pool.data = rng.tensor(dt, &[layout.required_elems()]);
     let mut ids = Vec::new();
@@ -141,7 +152,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
         let id = pool.add_sequence();
         pool.append(id, 0, s.layer, k).unwrap();
         pool.append(id, 1, s.layer, v).unwrap();
-        pool.commit(id, k.len() / (s.hkv * s.e));
+        pool.commit(id, k.len() / (s.hkv * s.dp()));
         ids.push(id);
     }
     let max_pages = d
@@ -161,7 +172,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
             strided.data[dst..dst + pe * es]
                 .copy_from_slice(&pool_t.data[i * pe * es..][..pe * es]);
         }
-        strided.shape = vec![np * s.stride_mul, 2, s.layers, s.page, s.hkv, s.e];
+        strided.shape = vec![np * s.stride_mul, 2, s.layers, s.page, s.hkv, s.dp()];
         pool_t = strided;
     }
     let rows: usize = d.seqs.iter().map(|x| x.1).sum();
@@ -186,6 +197,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
             scale: None,
             layer_idx: s.layer,
             page_stride: (s.stride_mul > 1).then_some((s.stride_mul * pe) as i64),
+            v_head_dim: (s.ev != s.e).then_some(s.ev),
         },
     }
 }
@@ -323,6 +335,7 @@ fn by_hand() {
         scale: Some(1.0),
         layer_idx: 0,
         page_stride: None,
+        v_head_dim: None,
     };
     let e = std::f32::consts::E;
     for (sinks, extra) in [(None, 0.0), (Some(&sink), 1.0)] {
@@ -346,5 +359,56 @@ fn by_hand() {
             assert!((c[i] - want[i]).abs() < 1e-6, "cpu {c:?} want {want:?}");
             assert!((g[i] - want[i]).abs() < 1e-6, "gpu {g:?} want {want:?}");
         }
+    }
+}
+
+#[test]
+fn value_width_differs_from_key_width() {
+    // NSA's selected branch (H = 64, Hkv = Hs = 4, Dqk = 192, Dv = 128: passes of 15 + 1
+    // heads), values wider than keys, several quads per lane on either side, and a strided
+    // multi-layer pool. The channels past E in K rows and past Ev in V rows are garbage.
+    let mut rng = Rng::new(192);
+    assert_eq!(heads_per_pass_kv(192, 128), 15);
+    let nsa = Shape {
+        ev: 128,
+        ..shape(64, 4, 4, 192, 300)
+    };
+    let shapes = [
+        nsa,
+        Shape {
+            ev: 72,
+            ..shape(6, 2, 3, 40, 70)
+        },
+        Shape {
+            ev: 300,
+            ..shape(8, 2, 1, 24, 33)
+        },
+        Shape {
+            ev: 5,
+            layers: 2,
+            layer: 1,
+            stride_mul: 2,
+            page: 7,
+            ..shape(12, 3, 2, 66, 19)
+        },
+    ];
+    let dts = [DType::BF16, DType::F32, DType::F16];
+    for (i, s) in shapes.iter().enumerate() {
+        let dt = dts[i % 3];
+        check(&mut rng, dt, s, &[(700, 1), (0, 9), (90, 4)], i % 2 == 1);
+    }
+    // The output has Ev channels; a pool whose head_dim is not max(E, Ev) is refused.
+    let s = Shape {
+        ev: 40,
+        ..shape(4, 2, 2, 24, 8)
+    };
+    let d = data(&mut rng, &s, &[(10, 2)], false);
+    let order = rng.permutation(pages(&s, &d));
+    let mut p = problem(&mut rng, DType::F32, &s, &d, order);
+    assert_eq!(cpu(&p.inputs(), &p.attrs).unwrap().shape, vec![2, 4, 40]);
+    for bad in [Some(8), Some(32), None] {
+        p.attrs.v_head_dim = bad;
+        let e = cpu(&p.inputs(), &p.attrs).unwrap_err().to_string();
+        assert!(e.contains("kv_blocks") && e.contains("head_dim"), "{e}");
     }
 }

@@ -33,6 +33,9 @@ pub struct DemoArgs {
     /// `off` (the indexer only).
     #[arg(long, default_value = "decode")]
     pub attention: String,
+    /// Run an NSA selector layer (the paper's geometry) instead: `demo_nsa.rs`.
+    #[arg(long)]
+    pub nsa: bool,
 }
 
 impl Default for DemoArgs {
@@ -44,6 +47,7 @@ impl Default for DemoArgs {
             decode: 16,
             dtype: "bf16".into(),
             attention: "decode".into(),
+            nsa: false,
         }
     }
 }
@@ -52,6 +56,9 @@ const HI: usize = 4;
 const DI: usize = 128;
 
 pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
+    if args.nsa {
+        return crate::demo_nsa::run(backend, args);
+    }
     let dt = DType::parse(&args.dtype)
         .filter(|d| d.is_float())
         .ok_or_else(|| {

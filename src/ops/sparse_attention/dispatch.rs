@@ -31,8 +31,14 @@ fn quads_per_lane(e: usize) -> usize {
 /// Query heads one pass of a workgroup serves; a pass reads each gathered K and V row once, so
 /// a group of up to this many heads reads them once (12 at E = 256, 16 at E <= 128).
 pub fn heads_per_pass(e: usize) -> usize {
+    heads_per_pass_kv(e, e)
+}
+
+/// [`heads_per_pass`] for queries and keys of E channels and values of Ev channels (15 at
+/// NSA's E = 192, Ev = 128).
+pub fn heads_per_pass_kv(e: usize, ev: usize) -> usize {
     let e4 = e.div_ceil(4) * 4;
-    (SHARED_WORDS / (e4 + TILE + 3)).min(ACC_QUADS / quads_per_lane(e))
+    (SHARED_WORDS / (e4 + TILE + 3)).min(ACC_QUADS / quads_per_lane(ev))
 }
 
 /// Loop iterations one invocation runs at most, as llvmpipe counts them (a loop of n
@@ -40,7 +46,7 @@ pub fn heads_per_pass(e: usize) -> usize {
 /// check of [`encode_attention`].
 pub fn loop_iterations(p: &SparseAttentionParams) -> u64 {
     let (e4, hc, tk) = (p.e.div_ceil(4) as u64 * 4, p.hc.max(1) as u64, TILE as u64);
-    let (nq, nhq) = (quads_per_lane(p.e as usize) as u64, hc.div_ceil(4));
+    let (nq, nhq) = (quads_per_lane(p.v_dim() as usize) as u64, hc.div_ceil(4));
     let (gsz, ssz) = ((p.h / p.hkv.max(1)) as u64, (p.h / p.hs.max(1)) as u64);
     let passes = gsz.min(ssz).div_ceil(hc);
     let scores = (e4 / 4 + 1) + e4 / 4 * (nhq + 1) + (hc + 1);
@@ -65,7 +71,8 @@ pub struct AttentionGeometry {
     pub hs: usize,
     /// Token slots per (row, group): the last axis W of `token_indices`.
     pub w: usize,
-    /// The main pool; its `num_kv_heads` is Hkv and its `head_dim` is E.
+    /// The main pool; its `num_kv_heads` is Hkv and its `head_dim` is E ([`params`]), or
+    /// max(E, Ev) ([`params_kv`]).
     pub layout: PoolLayout,
     pub layer_idx: usize,
     /// Columns of the page table.
@@ -96,8 +103,10 @@ pub struct SparseAttentionParams {
     pub v_off: u32,
     pub has_sinks: u32,
     pub scale: f32,
-    pub _pad0: u32,
-    pub _pad1: u32,
+    /// Value and output channels Ev; 0 means E.
+    pub ev: u32,
+    /// Channels of one pool row per head, max(E, Ev); 0 means E.
+    pub dp: u32,
     pub _pad2: u32,
 }
 
@@ -106,14 +115,48 @@ impl SparseAttentionParams {
     pub fn groups(&self) -> u32 {
         self.t * self.hkv * self.parts
     }
+
+    /// Ev (E when `ev` is 0).
+    pub fn v_dim(&self) -> u32 {
+        if self.ev == 0 {
+            self.e
+        } else {
+            self.ev
+        }
+    }
+
+    /// Channels of a pool row per head (E when `dp` is 0).
+    pub fn pool_dim(&self) -> u32 {
+        if self.dp == 0 {
+            self.e
+        } else {
+            self.dp
+        }
+    }
 }
 
 /// The uniform block of a dispatch, with the rules the shader relies on: Hkv and Hs divide
-/// H, E ≤ [`MAX_E`], and every element index fits in u32.
+/// H, E ≤ [`MAX_E`], and every element index fits in u32. Queries, keys, values and the
+/// output all have the pool's `head_dim` channels.
 pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
+    params_kv(g, g.layout.head_dim, g.layout.head_dim)
+}
+
+/// [`params`] for queries and keys of `e` channels and values (and the output) of `ev`
+/// channels, read from a pool whose `head_dim` is max(E, Ev): K in the first E channels of its
+/// row, V in the first Ev (NSA's Dqk = 192, Dv = 128; MLA-style caches).
+pub fn params_kv(g: &AttentionGeometry, e: usize, ev: usize) -> Result<SparseAttentionParams> {
     let l = g.layout;
-    let (h, hkv, hs, e) = (g.h, l.num_kv_heads, g.hs, l.head_dim);
+    let (h, hkv, hs) = (g.h, l.num_kv_heads, g.hs);
     check_di(OP, "query", e)?;
+    check_di(OP, "v_head_dim", ev)?;
+    if e.max(ev) != l.head_dim {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("head_dim {} must be max(E = {e}, Ev = {ev})", l.head_dim),
+        ));
+    }
     if h == 0 || hkv == 0 || hs == 0 || h % hkv != 0 || h % hs != 0 {
         return Err(Error::input(
             OP,
@@ -126,7 +169,7 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
             .map_err(|_| Error::input(OP, name, format!("{elems} elements exceed u32 addressing")))
     };
     fits("kv_blocks", l.required_elems())?;
-    fits("query", g.t * h * e)?;
+    fits("query", g.t * h * e.max(ev))?;
     fits("token_indices", g.t * hs * g.w)?;
     fits("page_table", 2 * g.n + 1 + g.n * g.max_pages)?;
     let (gsz, ssz) = (h / hkv, h / hs);
@@ -144,7 +187,7 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
         e: e as u32,
         w: g.w as u32,
         parts: parts as u32,
-        hc: heads_per_pass(e) as u32,
+        hc: heads_per_pass_kv(e, ev) as u32,
         page_size: l.page_size as u32,
         page_stride: l.page_stride as u32,
         num_pages: l.num_pages as u32,
@@ -153,7 +196,9 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
         v_off: l.offset(0, 1, g.layer_idx, 0, 0) as u32,
         has_sinks: g.has_sinks as u32,
         scale: g.scale.unwrap_or(1.0 / (e as f32).sqrt()),
-        ..Default::default()
+        ev: ev as u32,
+        dp: l.head_dim as u32,
+        _pad2: 0,
     })
 }
 
@@ -169,7 +214,8 @@ pub fn pack_seqs(offsets: &[u32], cache: &[u32], table: &[u32]) -> Tensor {
 pub struct AttentionBuffers<'a> {
     /// `[T, H, E]` T.
     pub query: &'a wgpu::Buffer,
-    /// The main pool, `[num_pages, 2, layers, page_size, Hkv, E]` T, pages `page_stride` apart.
+    /// The main pool, `[num_pages, 2, layers, page_size, Hkv, Dp]` T (Dp = max(E, Ev)), pages
+    /// `page_stride` apart.
     pub pool: &'a wgpu::Buffer,
     /// [`pack_seqs`]: row_offsets, cache_lengths, page table.
     pub seqs: &'a wgpu::Buffer,
@@ -179,7 +225,7 @@ pub struct AttentionBuffers<'a> {
     pub token_count: &'a wgpu::Buffer,
     /// `[H]` f32, or `None` (then `params.has_sinks` must be 0).
     pub sinks: Option<&'a wgpu::Buffer>,
-    /// `[T, H, E]` T, every element written.
+    /// `[T, H, Ev]` T, every element written.
     pub out: &'a wgpu::Buffer,
     /// The flag word (`shaders/common/flags.wgsl`); read with [`read_checked`].
     pub flags: &'a wgpu::Buffer,
@@ -217,17 +263,25 @@ pub fn dispatch_attention<'a>(
     }
     let es = dt.size() as u64;
     let (t, h, e, n) = (prm.t as u64, prm.h as u64, prm.e as u64, prm.n as u64);
+    let (ev, dp) = (prm.v_dim() as u64, prm.pool_dim() as u64);
+    if ev > dp || e > dp {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("pool rows of {dp} channels cannot hold E = {e} and Ev = {ev}"),
+        ));
+    }
     let rows = t * prm.hs as u64;
     let pool_need = (prm.num_pages as u64).saturating_sub(1) * prm.page_stride as u64
         + prm.v_off as u64
-        + prm.page_size as u64 * prm.hkv as u64 * e;
+        + prm.page_size as u64 * prm.hkv as u64 * dp;
     let mut need = vec![
         ("query", b.query, t * h * e * es),
         ("kv_blocks", b.pool, pool_need * es),
         ("seqs", b.seqs, (2 * n + 1 + n * prm.max_pages as u64) * 4),
         ("token_indices", b.token_indices, rows * prm.w as u64 * 4),
         ("token_count", b.token_count, rows * 4),
-        ("out", b.out, t * h * e * es),
+        ("out", b.out, t * h * ev * es),
     ];
     if let Some(s) = b.sinks {
         need.push(("sinks", s, h * 4));
