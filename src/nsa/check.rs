@@ -6,7 +6,7 @@
 use super::NsaSelector;
 use crate::ops::TensorMap;
 use crate::tensor::{DType, Tensor};
-use crate::testing::{attention_tol, compare, compare_selection, Tol};
+use crate::testing::{attention_tol, compare, compare_selection, weighted_sum_tol, Tol};
 
 /// How a step compared with the CPU's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,20 +51,7 @@ pub fn selection_tol(dt: DType) -> Tol {
 /// Tolerance of the compressed branch: its output is Σ round_T(P_j)·V_j, so the half types
 /// may differ by about one unit in the last place of T (besides f32 noise).
 pub fn cmp_out_tol(dt: DType) -> Tol {
-    match dt {
-        DType::F32 => Tol {
-            abs: 2e-5,
-            rel: 1e-4,
-        },
-        DType::F16 => Tol {
-            abs: 4e-3,
-            rel: 2e-3,
-        },
-        _ => Tol {
-            abs: 3e-2,
-            rel: 1.6e-2,
-        },
-    }
+    weighted_sum_tol(dt)
 }
 
 fn get<'a>(m: &'a TensorMap, side: &str, name: &str) -> Result<&'a Tensor, String> {

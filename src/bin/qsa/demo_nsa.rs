@@ -8,10 +8,9 @@
 //! composed from the CPU references.
 
 use crate::demo::DemoArgs;
-use qsa_wgpu::gpu::{Context, ContextOptions};
 use qsa_wgpu::nsa::{check_step, cmp_out_tol, selection_tol, NsaConfig, NsaSelector, StepCheck};
 use qsa_wgpu::testing::{attention_tol, compare, transform_tol, Rng};
-use qsa_wgpu::{DType, Error, Result};
+use qsa_wgpu::{Error, Result};
 use std::time::Instant;
 
 /// Four-token verify steps after the decode steps.
@@ -24,21 +23,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
-    let dt = DType::parse(&args.dtype)
-        .filter(|d| d.is_float())
-        .ok_or_else(|| {
-            Error::attr(
-                "demo",
-                "dtype",
-                format!("{:?} is not f32, f16 or bf16", args.dtype),
-            )
-        })?;
-    if args.seqs == 0 || args.chunk == 0 {
-        return Err(Error::attr("demo", "seqs/chunk", "must be >= 1"));
-    }
-    let ctx = Context::new_blocking(&ContextOptions {
-        backends: backend.clone(),
-    })?;
+    let (dt, ctx) = crate::demo::setup(backend, args)?;
     let total = args.prefill + args.decode + 4 * VERIFY_STEPS;
     let cfg = NsaConfig::paper(dt, total, args.seqs);
     println!("qsa demo --nsa: {}", ctx.describe());
