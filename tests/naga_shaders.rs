@@ -1,6 +1,7 @@
 //! Every shader is parsed, validated and translated to SPIR-V, MSL and HLSL by naga, with no
-//! GPU, for each storage type; every `<Op>Params` struct is checked against naga's layout of
-//! its WGSL twin. All failures are reported together, each with its shader's name.
+//! GPU, for each entry point, storage type and value of its other switches (`VEC`); every
+//! `<Op>Params` struct is checked against naga's layout of its WGSL twin. All failures are
+//! reported together, each with its shader's name.
 
 use qsa_wgpu::gpu::BenchCopyParams;
 use qsa_wgpu::nsa;
@@ -10,7 +11,9 @@ use qsa_wgpu::ops::{
 };
 use qsa_wgpu::shaders;
 
-fn translate(name: &str, t_kind: u32) -> Result<(), String> {
+/// Translates entry point `ep` of shader `name` with the given override values (those the
+/// shader does not declare are skipped).
+fn translate(name: &str, ep: &str, overrides: &[(&str, u32)]) -> Result<(), String> {
     let src = shaders::assemble(name).map_err(|e| e.to_string())?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
     let info = naga::valid::Validator::new(
@@ -21,14 +24,16 @@ fn translate(name: &str, t_kind: u32) -> Result<(), String> {
     .map_err(|e| format!("validate: {e:?}"))?;
     let mut consts = naga::back::PipelineConstants::default();
     // Shaders without activations (integer-only stages) have no T_KIND override.
-    if module
-        .overrides
-        .iter()
-        .any(|(_, o)| o.name.as_deref() == Some("T_KIND"))
-    {
-        consts.insert("T_KIND".to_string(), t_kind as f64);
+    for (k, v) in overrides {
+        if module
+            .overrides
+            .iter()
+            .any(|(_, o)| o.name.as_deref() == Some(*k))
+        {
+            consts.insert(k.to_string(), *v as f64);
+        }
     }
-    let ep = module.entry_points[0].name.clone();
+    let ep = ep.to_string();
     let (module, info) = naga::back::pipeline_constants::process_overrides(
         &module,
         &info,
@@ -67,15 +72,36 @@ fn translate(name: &str, t_kind: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Entry points of shader `name`, and whether it declares the `VEC` switch.
+fn entry_points(name: &str) -> (Vec<String>, bool) {
+    let src = shaders::assemble(name).unwrap();
+    match naga::front::wgsl::parse_str(&src) {
+        Ok(m) => (
+            m.entry_points.iter().map(|e| e.name.clone()).collect(),
+            m.overrides
+                .iter()
+                .any(|(_, o)| o.name.as_deref() == Some("VEC")),
+        ),
+        // Reported by translate.
+        Err(_) => (vec!["main".to_string()], false),
+    }
+}
+
 #[test]
 fn every_shader_validates_and_translates() {
     let mut failures = Vec::new();
     let mut count = 0;
     for name in shaders::operators() {
-        for kind in 0..3 {
-            count += 1;
-            if let Err(e) = translate(name, kind) {
-                failures.push(format!("{name} (T_KIND={kind}): {e}"));
+        let (eps, has_vec) = entry_points(name);
+        let vecs: &[u32] = if has_vec { &[0, 1] } else { &[1] };
+        for ep in eps {
+            for kind in 0..3 {
+                for &vec in vecs {
+                    count += 1;
+                    if let Err(e) = translate(name, &ep, &[("T_KIND", kind), ("VEC", vec)]) {
+                        failures.push(format!("{name}::{ep} (T_KIND={kind}, VEC={vec}): {e}"));
+                    }
+                }
             }
         }
     }

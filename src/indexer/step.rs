@@ -6,7 +6,9 @@
 use super::{QsaIndexer, OP};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
-use crate::ops::block_score::{dispatch_score, rows_per_chunk, BlockScoreParams, ScoreBuffers};
+use crate::ops::block_score::{
+    dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
+};
 use crate::ops::block_topk::{dispatch_topk, BlockTopkParams};
 use crate::ops::common::read_checked;
 use crate::ops::expand_route::{dispatch_expand, ExpandBuffers, ExpandRouteParams};
@@ -348,8 +350,18 @@ impl QsaIndexer {
                 has_weights: 0,
                 scale: c.scale.unwrap_or(1.0 / (c.di as f32).sqrt()),
             };
-            let d = dispatch_score(&ctx, c.dtype, &sp, &sb)?;
-            self.binds.record(&ctx, &mut enc, "score", chunk, d).await?;
+            // Each tiling has its own pipeline, so its own slot; the other one's bind group is
+            // built now too, so that switching between prefill and decode builds nothing.
+            let tiling = Tiling::for_rows(sp.rows, sp.n);
+            let slot = |t: Tiling| 2 * chunk + (t == Tiling::OneRow) as usize;
+            let other = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling.other())?;
+            self.binds
+                .prepare(&ctx, "score", slot(tiling.other()), &other)
+                .await?;
+            let d = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling)?;
+            self.binds
+                .record(&ctx, &mut enc, "score", slot(tiling), d)
+                .await?;
             let tp = BlockTopkParams {
                 rows: (rows * c.hs) as u32,
                 w: self.max_blocks as u32,
