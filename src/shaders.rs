@@ -19,6 +19,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/flags.wgsl"),
     ),
     (
+        "common/attention.wgsl",
+        include_str!("../shaders/common/attention.wgsl"),
+    ),
+    (
         "qsa_prepare.wgsl",
         include_str!("../shaders/qsa_prepare.wgsl"),
     ),
@@ -54,9 +58,14 @@ pub const FILES: &[(&str, &str)] = &[
         "sparse_attention.wgsl",
         include_str!("../shaders/sparse_attention.wgsl"),
     ),
+    (
+        "sparse_attention_combine.wgsl",
+        include_str!("../shaders/sparse_attention_combine.wgsl"),
+    ),
 ];
 
-/// The operator shaders (files outside `common/`), by operator name.
+/// The pipeline shaders (files outside `common/`): one per operator, or per stage of one, by
+/// name.
 pub fn operators() -> impl Iterator<Item = &'static str> {
     FILES
         .iter()
