@@ -1,20 +1,17 @@
-// sparse_attention, stage 1 of 2 (SPEC §7): partial GQA attention of query heads over a range
-// of the tokens their selection group gathered, read from one shard of the main paged KV pool.
-// Stage 2 (sparse_attention_combine.wgsl) merges the partials, adds the sink and rounds.
+// sparse_attention, stage 2 of 3 (SPEC §7): partial GQA attention of query heads over a range
+// of the tokens their selection group gathered that lie in one shard of the main paged KV pool.
+// Stage 1 (sparse_attention_route.wgsl) has resolved the token lists into per-shard row lists;
+// stage 3 (sparse_attention_combine.wgsl) merges the partials, adds the sink and rounds.
 //
 // Work split (flash-decoding): one workgroup per (row t, KV head kh, part, split s). A part is a
 // segment (the heads of kh's group that share one selection group, so one token list) cut into
-// head chunks of at most hc heads, times a channel block of the V step (E > 256 only; each
-// block repeats the scores). Split s takes list entries s · split_len … (s + 1) · split_len − 1
-// (up to the row's count) and writes partial results (layout in common/attention.wgsl). A pool
-// larger than one binding is split into shards of whole pages, one dispatch each: a workgroup
-// keeps the tokens whose page lies in the bound shard and continues the partials the previous
-// shard's dispatch left (`first` = 0).
+// head chunks of at most hc heads, times a channel block of the V step (E > 512 only; each
+// block repeats the scores). Split s takes entries s · split_len … (s + 1) · split_len − 1 of
+// the bound shard's row list and writes partial results (layout in common/attention.wgsl). A
+// pool larger than one binding is split into shards of whole pages, one dispatch each; the
+// dispatch of shard k > 0 continues the partials the previous one left.
 //
-// The workgroup resolves its range in chunks of TK = 64 entries (invocation j: entry j, through
-// the page table, every step checked; a bad value is flagged and the token skipped, never read)
-// and appends the kept rows in list order until a tile of up to 256 rows is gathered (the
-// order-keeping compaction runs only when a chunk dropped entries). Per tile:
+// The workgroup takes its rows in tiles of up to 256:
 //   1. invocation j scores tile rows j, j + 64, j + 128, j + 192: z = scale · q_h · K for every
 //      head of the chunk, four heads per mat4x4 product; each query quad read from `sh` serves
 //      four rows (workgroup-memory reads dominate on llvmpipe);
@@ -24,14 +21,13 @@
 //      (f, i) adds Σ_j w_hj · V_j for channel quads 2i, 2i + 1 of every head over the round's
 //      rows of phase f (rows f, f + phases, …), keeping its own sum l per head.
 // llvmpipe (Mesa's CPU driver) runs 8 invocations per SIMD vector: every memory access is a loop
-// over the lanes, a small loop is not unrolled, a private array indexed by a variable lives in
-// memory. So heads and rows go in fixed registers (vec4 scores, mat4x4 accumulators, selected by
-// the override HQ), and work is arranged so each memory read feeds many multiply-adds.
-// llvmpipe also ends every loop of an invocation after 65535 iterations in total; the host
-// sizes split_len so a workgroup stays well inside that.
+// over the lanes, both sides of a branch run, a small loop is not unrolled, a private array
+// indexed by a variable lives in memory. So heads and rows go in fixed registers (vec4 scores,
+// mat4x4 accumulators, selected by the override HQ), and each memory read feeds many
+// multiply-adds. llvmpipe also ends every loop of an invocation after 65535 iterations in total;
+// the host sizes split_len so a workgroup stays well inside that.
 
 //#include common/dtype.wgsl
-//#include common/flags.wgsl
 //#include common/attention.wgsl
 
 // Head quads per workgroup: scores, maxima, sums and accumulators of up to 4 · HQ heads.
@@ -43,7 +39,7 @@ override ALIGN2: u32 = 0u;
 // vec4 reads. 0: element by element.
 override VEC: u32 = 0u;
 
-const TK: u32 = 64u;          // invocations; list entries per chunk
+const TK: u32 = 64u;          // invocations
 const TILE: u32 = 256u;       // rows per tile: four per invocation in step 1
 const RT: u32 = 32u;          // rows per round of step 3
 const SHV: u32 = 864u;        // vec4s of `sh`; the host keeps hc · E8 + RT · HQ <= SHV
@@ -52,24 +48,18 @@ const NO_ROW: u32 = 0xffffffffu;
 @group(0) @binding(0) var<uniform> P: SparseAttentionParams;
 @group(0) @binding(1) var<storage, read> query: array<u32>;           // [T, H, E] T
 @group(0) @binding(2) var<storage, read> pool: array<vec4<u32>>;      // one shard: [shard_pages, 2, layers, page_size, Hkv, E] T, pages page_stride apart
-@group(0) @binding(3) var<storage, read> seqs: array<u32>;            // [N+1 | N | N·max_pages] u32: row_offsets, cache_lengths, page_table
-@group(0) @binding(4) var<storage, read> token_indices: array<i32>;   // [T, Hs, W] i32
-@group(0) @binding(5) var<storage, read> token_count: array<i32>;     // [T, Hs] i32
-@group(0) @binding(6) var<storage, read_write> part: array<vec4<f32>>; // [rows, H, splits, phases, E4 + 1] partial results
-@group(0) @binding(7) var<storage, read_write> flags: atomic<u32>;
+@group(0) @binding(3) var<storage, read> routes: array<u32>;          // [rows, Hs, shards + 1 + W] u32 (stage 1)
+@group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>; // [rows, H, splits, phases, E4 + 1] partial results
 
 // Queries [hc, E8] (E8: E4 rounded up to even, zero-padded) at 0, then a round's weights
 // [RT, HQ] at hc · E8.
 var<workgroup> sh: array<vec4<f32>, SHV>;
-// Pool offsets (page, row, head; no plane) of the kept tokens, in list order.
+// Shard offsets (page, row, KV head; no plane) of the tile's tokens.
 var<workgroup> rows: array<u32, TILE>;
 // Running maximum of each head as order-preserving bits.
 var<workgroup> m_bits: array<atomic<u32>, 16>;
-// Rows a chunk kept, counted, then read uniformly.
-var<workgroup> kept: atomic<u32>;
-var<workgroup> ctl: u32;
-// The row's sequence, position and token count (0 when the row is unusable).
-var<workgroup> row_info: vec4<u32>;
+// The split's range in the shard's row list.
+var<workgroup> range: vec2<u32>;
 
 // Order-preserving u32 image of an f32 (for atomicMax), and back.
 fn ord(x: f32) -> u32 {
@@ -120,43 +110,6 @@ fn ld_q(i: u32, c: u32, e: u32) -> vec4<f32> {
                       t_load(query[t_word(j + 2u)], j + 2u), t_load(query[t_word(j + 3u)], j + 3u));
     }
     return select(vec4<f32>(0.0), v, vec4<u32>(c, c + 1u, c + 2u, c + 3u) < vec4<u32>(e));
-}
-
-// Sequence of row t: the last n with row_offsets[n] <= t.
-fn seq_of(t: u32) -> u32 {
-    var lo = 0u;
-    var hi = P.n;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (seqs[mid] <= t) { lo = mid; } else { hi = mid; }
-    }
-    return lo;
-}
-
-// Shard offset of token `tok` of sequence n for KV head kh; NO_ROW when its page lies in another
-// shard, or (flagged) when the token lies outside 0 ..= p or its page-table column or page is
-// out of range.
-fn resolve(n: u32, p: u32, kh: u32, tok: i32) -> u32 {
-    if (tok < 0 || u32(tok) > p) {
-        atomicOr(&flags, FLAG_TOKEN);
-        return NO_ROW;
-    }
-    let pos = u32(tok);
-    let col = pos / P.page_size;
-    if (col >= P.max_pages) {
-        atomicOr(&flags, FLAG_PAGE_SLOT);
-        return NO_ROW;
-    }
-    let page = seqs[2u * P.n + 1u + n * P.max_pages + col];
-    if (page >= P.num_pages) {
-        atomicOr(&flags, FLAG_PAGE);
-        return NO_ROW;
-    }
-    let local = page - P.page_lo; // wraps past shard_pages below the shard
-    if (local >= P.shard_pages) {
-        return NO_ROW;
-    }
-    return local * P.page_stride + ((pos % P.page_size) * P.hkv + kh) * P.e;
 }
 
 // First vec4 of the partial record of head j of the chunk (heads past hc repeat the last one);
@@ -243,23 +196,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     let hc = min(P.hc, s1 - h0);
 
-    // The row's sequence, position and count are device data: checked once, then shared.
+    // The split's range of the shard's row list (stage 1 checked every entry).
+    let list = (rr * P.hs + g) * (P.shards + 1u + P.w);
     if (lid == 0u) {
-        var info = vec4<u32>(0u);
-        let n = seq_of(t);
-        let start = seqs[n];
-        if (t < start || t >= seqs[n + 1u]) {
-            atomicOr(&flags, FLAG_LENGTHS);
-        } else {
-            var cnt = token_count[t * P.hs + g];
-            if (cnt < 0 || u32(cnt) > P.w) {
-                atomicOr(&flags, FLAG_COUNT);
-                cnt = clamp(cnt, 0, i32(P.w));
-            }
-            info = vec4<u32>(n, seqs[P.n + 1u + n] + (t - start), u32(cnt), 0u);
-        }
-        row_info = info;
-        atomicStore(&kept, 0u);
+        let lo = routes[list + P.shard];
+        let count = routes[list + P.shard + 1u] - lo;
+        let a = min(split * P.split_len, count);
+        range = vec2<u32>(list + P.shards + 1u + lo + a,
+                          min(count - a, P.split_len));
     }
     let e = P.e;
     let e4 = (e + 3u) / 4u;
@@ -297,7 +241,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var a21 = mat4x4<f32>();
     var a30 = mat4x4<f32>();
     var a31 = mat4x4<f32>();
-    if (P.first == 0u) {
+    if (P.shard != 0u) {
         for (var q = 0u; q < HQ; q++) {
             let r = vec4<u32>(rec(base, nsub, 4u * q, hc, rs), rec(base, nsub, 4u * q + 1u, hc, rs),
                               rec(base, nsub, 4u * q + 2u, hc, rs), rec(base, nsub, 4u * q + 3u, hc, rs));
@@ -322,58 +266,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if (lid / 4u == 3u) { m = m3; }
         atomicStore(&m_bits[lid], ord(m[lid % 4u]));
     }
-    let info = workgroupUniformLoad(&row_info); // also: the queries and m_bits are in place
-    let n = info.x;
-    let p = info.y;
-    let list = (t * P.hs + g) * P.w;
-    let lo = split * P.split_len;
-    let hi = min(lo + P.split_len, info.z);
+    let rg = workgroupUniformLoad(&range); // also: the queries and m_bits are in place
+    if (rg.y == 0u && P.shard != 0u) {
+        return; // nothing here: the previous shard's partials stand
+    }
     let r0 = qrows(0u, hc, e8);
     let r1 = qrows(1u, hc, e8);
     let r2 = qrows(2u, hc, e8);
     let r3 = qrows(3u, hc, e8);
 
-    var np = 0u;   // rows gathered for the next tile
-    var cur = lo;  // next list entry to resolve
-    loop {
-        if (cur < hi && np + TK <= TILE) {
-            // Resolve one chunk into rows[np ..]; close the gaps of dropped entries in order.
-            let entries = min(TK, hi - cur);
-            var row = NO_ROW;
-            if (lid < entries) {
-                row = resolve(n, p, kh, token_indices[list + cur + lid]);
-            }
-            rows[np + lid] = row;
-            if (row != NO_ROW) {
-                atomicAdd(&kept, 1u);
-            }
-            workgroupBarrier();
-            if (lid == 0u) {
-                ctl = atomicLoad(&kept);
-                atomicStore(&kept, 0u);
-            }
-            let got = workgroupUniformLoad(&ctl);
-            if (got < entries) {
-                var before = 0u;
-                for (var i = 0u; i < TK; i++) {
-                    let k = select(0u, 1u, rows[np + i] != NO_ROW);
-                    before += select(0u, k, i < lid);
-                }
-                workgroupBarrier();
-                if (row != NO_ROW) {
-                    rows[np + before] = row;
-                }
-                workgroupBarrier();
-            }
-            np += got;
-            cur += TK;
-            continue;
+    for (var base_row = 0u; base_row < rg.y; base_row += TILE) {
+        let tl = min(TILE, rg.y - base_row);
+        for (var j = lid; j < tl; j += TK) {
+            rows[j] = routes[rg.x + base_row + j] + kh * e;
         }
-        if (np == 0u) {
-            break;
-        }
-        let tl = np;
-        np = 0u;
+        workgroupBarrier();
 
         // 1. Scores of rows lid + 64·s (rows past the tile repeat its last one, then read LOW).
         let last = tl - 1u;

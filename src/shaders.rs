@@ -59,6 +59,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/sparse_attention.wgsl"),
     ),
     (
+        "sparse_attention_route.wgsl",
+        include_str!("../shaders/sparse_attention_route.wgsl"),
+    ),
+    (
         "sparse_attention_combine.wgsl",
         include_str!("../shaders/sparse_attention_combine.wgsl"),
     ),

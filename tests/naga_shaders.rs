@@ -230,8 +230,12 @@ fn params_structs_match_wgsl_layout() {
             c_max, w, causal, scale, _pad0, _pad1
         ]
     );
-    // Both stages of sparse_attention include one struct (common/attention.wgsl).
-    for shader in ["sparse_attention", "sparse_attention_combine"] {
+    // The three stages of sparse_attention include one struct (common/attention.wgsl).
+    for shader in [
+        "sparse_attention_route",
+        "sparse_attention",
+        "sparse_attention_combine",
+    ] {
         check_params!(
             shader,
             sparse_attention::SparseAttentionParams,
@@ -256,9 +260,9 @@ fn params_structs_match_wgsl_layout() {
                 max_pages,
                 k_off,
                 v_off,
-                page_lo,
+                shard,
+                shards,
                 shard_pages,
-                first,
                 row_base,
                 rows,
                 has_sinks,

@@ -1,6 +1,11 @@
-// The uniform block shared by the two stages of sparse_attention (the partial pass in
-// sparse_attention.wgsl and the merge in sparse_attention_combine.wgsl), and the layout of the
-// partial results that pass between them.
+// The uniform block shared by the three stages of sparse_attention (the routing of token lists
+// in sparse_attention_route.wgsl, the partial pass in sparse_attention.wgsl, the merge in
+// sparse_attention_combine.wgsl), and the layouts of the scratch that passes between them.
+//
+// The routes of one (row, selection group): record (r · Hs + g) of `routes`, shards + 1 + W
+// u32s: the start of each shard's rows, then the total kept, then the kept rows grouped by
+// shard, in list order within a shard; a row is its offset in the shard without KV head,
+// layer and plane: (page % shard_pages) · page_stride + (position % page_size) · Hkv · E.
 //
 // A partial result covers one (row, query head, split, phase): record
 // ((r · H + h) · splits + s) · phases + f of `part` (r = row − row_base), E4 + 1 vec4s: the
@@ -29,9 +34,9 @@ struct SparseAttentionParams {
     max_pages: u32,   // columns of the page table
     k_off: u32,       // elements from a page's start to row 0 of plane K at layer_idx
     v_off: u32,       // the same for plane V
-    page_lo: u32,     // first page of the bound pool shard
-    shard_pages: u32, // pages of the bound pool shard
-    first: u32,       // 1: start the partial results; 0: continue those of the previous shard
+    shard: u32,       // the pool shard of this dispatch (0: it starts the partial results)
+    shards: u32,      // pool shards
+    shard_pages: u32, // pages per shard (the last may hold fewer)
     row_base: u32,    // first row of this dispatch
     rows: u32,        // rows of this dispatch
     has_sinks: u32,

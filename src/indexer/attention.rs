@@ -7,7 +7,7 @@
 use super::{IndexerConfig, QsaIndexer, OP};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
-use crate::ops::sparse_attention::{params, plan_attention, AttentionGeometry};
+use crate::ops::sparse_attention::{params, plan_attention, scratch_buffer, AttentionGeometry};
 use crate::paged::PoolLayout;
 use crate::tensor::{DType, Tensor};
 
@@ -48,8 +48,10 @@ pub(super) struct KvCache {
     /// p / shard_pages), each within one storage binding.
     pub(super) gpu: Vec<GpuTensor>,
     pub(super) shard_pages: usize,
-    /// Scratch of the attention's partial results, sized for a step of `max_step_tokens` rows.
+    /// Scratch of the attention's partial results and routed token lists, sized for a step of
+    /// `max_step_tokens` rows.
     pub(super) partials: wgpu::Buffer,
+    pub(super) routes: wgpu::Buffer,
     /// Tokens of K/V each slot holds.
     pub(super) lens: Vec<usize>,
     pub(super) query: GpuTensor, // [max_step_tokens, H, E] T
@@ -119,8 +121,8 @@ impl KvCache {
             let pages = shard_pages.min(num_pages - lo);
             gpu.push(f("kv_pool", dt, &[pages * layout.page_elems()])?);
         }
-        // Partials for the worst step: few rows split many ways, or max_step_tokens rows.
-        let mut need = 16;
+        // Scratch for the worst step: few rows split many ways, or max_step_tokens rows.
+        let (mut partials, mut routes) = (16, 16);
         let mut t = 1;
         loop {
             let prm = params(&AttentionGeometry {
@@ -135,22 +137,19 @@ impl KvCache {
                 scale: a.scale,
                 has_sinks: a.sinks.is_some(),
             })?;
-            need = need.max(plan_attention(ctx, &prm, shard_pages, limit)?.partials_bytes);
+            let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
+            partials = plan.partials_bytes.max(partials);
+            routes = plan.routes_bytes.max(routes);
             if t == rows {
                 break;
             }
             t = (2 * t).min(rows);
         }
-        let partials = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("qsa.indexer.attention_partials"),
-            size: need.div_ceil(16) * 16,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
         Ok(KvCache {
             gpu,
             shard_pages,
-            partials,
+            partials: scratch_buffer(ctx, "qsa.indexer.attention_partials", partials),
+            routes: scratch_buffer(ctx, "qsa.indexer.attention_routes", routes),
             query: f("attention_query", dt, &[rows, a.h, a.e])?,
             out: f("attention_out", dt, &[rows, a.h, a.e])?,
             seqs: f(

@@ -14,7 +14,7 @@ use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaComp
 use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
 use crate::ops::sparse_attention::{
     dispatch_attention, pack_seqs, params as attention_params, plan_attention, AttentionGeometry,
-    ShardedAttentionBuffers, COMBINE,
+    ShardedAttentionBuffers, COMBINE, ROUTE,
 };
 use crate::ops::TensorMap;
 use crate::tensor::{DType, Tensor};
@@ -401,7 +401,8 @@ impl QsaIndexer {
                 scale: kv.cfg.scale,
                 has_sinks: kv.sinks.is_some(),
             })?;
-            let plan = plan_attention(&ctx, &prm, kv.shard_pages, kv.partials.size())?;
+            let (pc, rc) = (kv.partials.size(), kv.routes.size());
+            let plan = plan_attention(&ctx, &prm, kv.shard_pages, pc, rc)?;
             let ab = ShardedAttentionBuffers {
                 query: &kv.query.buffer,
                 pool: kv.gpu.iter().map(|g| &g.buffer).collect(),
@@ -413,12 +414,13 @@ impl QsaIndexer {
                 out: &kv.out.buffer,
                 flags: &b.flags.buffer,
                 partials: &kv.partials,
+                routes: &kv.routes,
             };
             for (step, d) in dispatch_attention(&ctx, c.dtype, &plan, &ab)? {
-                let stage = if step.shader == COMBINE {
-                    "attention_combine"
-                } else {
-                    "attention"
+                let stage = match step.shader {
+                    ROUTE => "attention_route",
+                    COMBINE => "attention_combine",
+                    _ => "attention",
                 };
                 self.binds
                     .record(&ctx, &mut enc, stage, step.slot, d)
@@ -448,7 +450,7 @@ impl QsaIndexer {
     }
 
     /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk`, `expand`, and
-    /// `attention` / `attention_combine` after a step with attention; chunks and shards summed)
+    /// `attention_route` / `attention` / `attention_combine` after a step with attention; chunks and shards summed)
     /// of the last step, when timing is on.
     pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {
         match &self.binds.timer {

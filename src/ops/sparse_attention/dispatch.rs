@@ -130,12 +130,12 @@ pub struct SparseAttentionParams {
     pub max_pages: u32,
     pub k_off: u32,
     pub v_off: u32,
-    /// First page of the bound shard.
-    pub page_lo: u32,
-    /// Pages of the bound shard.
+    /// The pool shard of the dispatch (0 starts the partial results, others continue them).
+    pub shard: u32,
+    /// Pool shards.
+    pub shards: u32,
+    /// Pages per shard (the last may hold fewer).
     pub shard_pages: u32,
-    /// 1: the dispatch starts the partial results; 0: it continues the previous shard's.
-    pub first: u32,
     /// First row of the dispatch.
     pub row_base: u32,
     /// Rows of the dispatch.
@@ -174,19 +174,15 @@ impl SparseAttentionParams {
         self.hc.div_ceil(4).max(1)
     }
 
-    /// Sets `splits` and `split_len` for a pool in `shards` shards, in units of `unit` list
-    /// entries (a multiple of 64: [`TILE`] where every invocation of a SIMD vector runs every
-    /// instruction, as on a CPU adapter, so tiles should be full; 64 on a GPU): enough splits
-    /// for [`TARGET_GROUPS`] workgroups, each `shards` times longer (a shard's dispatch keeps
-    /// about 1/shards of each range), none past the llvmpipe budget.
-    pub fn choose_splits(&mut self, shards: usize, unit: usize) {
+    /// Sets `splits` and `split_len` in units of `unit` list entries (a multiple of 64:
+    /// [`TILE`] where every invocation of a SIMD vector runs every instruction, as on a CPU
+    /// adapter, so tiles should be full; 64 on a GPU): enough splits for [`TARGET_GROUPS`]
+    /// workgroups, none past the llvmpipe budget.
+    pub fn choose_splits(&mut self, unit: usize) {
         let units = (self.w as usize).div_ceil(unit).max(1);
         let per_row = (self.t.max(1) * self.parts_per_row().max(1)) as usize;
         let want = TARGET_GROUPS.div_ceil(per_row).clamp(1, units);
-        let len = (units.div_ceil(want) * shards.max(1))
-            .min(units)
-            .min(self.max_split_len() / unit)
-            .max(1);
+        let len = units.div_ceil(want).min(self.max_split_len() / unit).max(1);
         self.split_len = (len * unit) as u32;
         self.splits = units.div_ceil(len) as u32;
     }
@@ -262,9 +258,9 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
         max_pages: g.max_pages as u32,
         k_off: l.offset(0, 0, g.layer_idx, 0, 0) as u32,
         v_off: l.offset(0, 1, g.layer_idx, 0, 0) as u32,
-        page_lo: 0,
-        shard_pages: l.num_pages as u32,
-        first: 1,
+        shard: 0,
+        shards: 1,
+        shard_pages: l.num_pages.max(1) as u32,
         row_base: 0,
         rows: g.t as u32,
         has_sinks: g.has_sinks as u32,
@@ -272,7 +268,7 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
         phases: phases(e) as u32,
         ..Default::default()
     };
-    p.choose_splits(1, LANES);
+    p.choose_splits(LANES);
     let groups = g.t * p.parts_per_row() as usize * p.splits as usize;
     fits("query", groups.max(g.t * h * e.div_ceil(4).div_ceil(LANES)))?;
     Ok(p)

@@ -1,7 +1,8 @@
 //! Recording a `sparse_attention` call: the device buffers it binds (the main pool in one
-//! buffer, or in shards of whole pages), the plan of its dispatches (row chunks × shards of the
-//! partial pass, then a combine per chunk, all through one scratch buffer of partial results),
-//! and the entry points for orchestrators.
+//! buffer, or in shards of whole pages), the plan of its dispatches (per chunk of rows: the
+//! routing of the token lists to the shards, the partial pass over each shard, the combine;
+//! through two scratch buffers, routes and partial results), and the entry points for
+//! orchestrators.
 
 use super::dispatch::*;
 use super::OP;
@@ -10,8 +11,12 @@ use crate::gpu::{Context, PipelineKey};
 use crate::ops::common::{encode, Dispatch};
 use crate::tensor::DType;
 
+/// The routing stage's shader (and pipeline label).
+pub const ROUTE: &str = "sparse_attention_route";
 /// The combine stage's shader (and pipeline label).
 pub const COMBINE: &str = "sparse_attention_combine";
+/// Most pool shards one call takes (`MAX_SHARDS` in the routing shader).
+pub const MAX_SHARDS: usize = 64;
 
 /// Device buffers of one call over a pool in one buffer. Float buffers hold the call's type T
 /// (f16/bf16 packed two per word), integer buffers i32/u32 words.
@@ -35,11 +40,13 @@ pub struct AttentionBuffers<'a> {
 }
 
 impl<'a> AttentionBuffers<'a> {
-    /// The same call as one shard of `num_pages` pages, with `partials` as its scratch.
+    /// The same call as one shard of `num_pages` pages, with `partials` and `routes` as its
+    /// scratch.
     pub fn sharded(
         &self,
         num_pages: usize,
         partials: &'a wgpu::Buffer,
+        routes: &'a wgpu::Buffer,
     ) -> ShardedAttentionBuffers<'a> {
         ShardedAttentionBuffers {
             query: self.query,
@@ -52,6 +59,7 @@ impl<'a> AttentionBuffers<'a> {
             out: self.out,
             flags: self.flags,
             partials,
+            routes,
         }
     }
 }
@@ -73,28 +81,32 @@ pub struct ShardedAttentionBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
     /// Scratch of the partial results: at least the plan's `partials_bytes`.
     pub partials: &'a wgpu::Buffer,
+    /// Scratch of the routed token lists: at least the plan's `routes_bytes`.
+    pub routes: &'a wgpu::Buffer,
 }
 
 /// One dispatch of a plan.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionStep {
-    /// `"sparse_attention"` (the partial pass over one shard) or [`COMBINE`].
+    /// [`ROUTE`], `"sparse_attention"` (the partial pass over one shard) or [`COMBINE`].
     pub shader: &'static str,
-    /// The pool shard a partial pass reads (0 for a combine).
+    /// The pool shard a partial pass reads (0 for the others).
     pub shard: usize,
     /// Its index among the plan's steps of the same shader (a `BindCache` slot).
     pub slot: usize,
     pub params: SparseAttentionParams,
 }
 
-/// The dispatches of one call, in recording order: for each chunk of rows, the partial pass
-/// over every shard (each continuing the previous one's partials), then the combine.
+/// The dispatches of one call, in recording order: for each chunk of rows, the routing, the
+/// partial pass over every shard (each continuing the previous one's partials), the combine.
 #[derive(Clone, Debug)]
 pub struct AttentionPlan {
     pub steps: Vec<AttentionStep>,
     pub shard_pages: usize,
     /// Scratch bytes the partial results of one row chunk take.
     pub partials_bytes: u64,
+    /// Scratch bytes the routed token lists of one row chunk take.
+    pub routes_bytes: u64,
 }
 
 /// Bytes of one partial result: E4 channel quads and (m, l), in f32 vec4s.
@@ -103,32 +115,39 @@ fn record_bytes(p: &SparseAttentionParams) -> u64 {
 }
 
 /// Plans a call from its uniform block ([`params`]) for a pool in shards of `shard_pages`
-/// pages and a scratch buffer of `capacity` bytes. On a CPU adapter splits are rounded to whole
-/// tiles ([`TILE`] entries; [`params`] picks 64-entry units, right for GPUs); with several
-/// shards each split spans more of the list; rows are taken in chunks whose partials fit the
-/// scratch (and splits are cut back when one row's do not).
+/// pages, with scratch buffers of `partials_cap` and `routes_cap` bytes. On a CPU adapter
+/// splits are rounded to whole tiles ([`TILE`] entries; [`params`] picks 64-entry units, right
+/// for GPUs); rows are taken in chunks whose scratch fits (and splits are cut back when one
+/// row's partials do not).
 pub fn plan_attention(
     ctx: &Context,
     prm: &SparseAttentionParams,
     shard_pages: usize,
-    capacity: u64,
+    partials_cap: u64,
+    routes_cap: u64,
 ) -> Result<AttentionPlan> {
     let mut p = *prm;
     let np = p.num_pages as usize;
     let shard_pages = shard_pages.max(1);
     let shards = np.div_ceil(shard_pages).max(1);
+    if shards > MAX_SHARDS {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("{shards} pool shards of {shard_pages} pages; at most {MAX_SHARDS}"),
+        ));
+    }
     let unit = if ctx.info.device_type == wgpu::DeviceType::Cpu {
         TILE
     } else {
         LANES
     };
-    if shards > 1 || !(p.split_len as usize).is_multiple_of(unit) {
-        p.choose_splits(shards, unit);
+    if !(p.split_len as usize).is_multiple_of(unit) {
+        p.choose_splits(unit);
     }
-    let rec = record_bytes(&p);
-    let head_bytes = p.h as u64 * p.phases as u64 * rec;
-    if p.splits as u64 * head_bytes > capacity {
-        let fit = (capacity / head_bytes) as usize;
+    let head_bytes = p.h as u64 * p.phases as u64 * record_bytes(&p);
+    if p.splits as u64 * head_bytes > partials_cap {
+        let fit = (partials_cap / head_bytes) as usize;
         let units = (p.w as usize).div_ceil(unit).max(1);
         let len = units.div_ceil(fit.max(1)) * unit;
         if fit == 0 || len > p.max_split_len() {
@@ -137,51 +156,56 @@ pub fn plan_attention(
                 input: "partials".into(),
                 need: p.splits as u64 * head_bytes,
                 limit_name: "scratch capacity",
-                limit: capacity,
+                limit: partials_cap,
             });
         }
         p.split_len = len as u32;
         p.splits = units.div_ceil(len / unit) as u32;
     }
     let row_bytes = p.splits as u64 * head_bytes;
-    let t = p.t as usize;
-    let chunk = ((capacity / row_bytes) as usize).clamp(1, t.max(1));
-    let mut steps = Vec::new();
-    for (c, base) in (0..t).step_by(chunk).enumerate() {
-        let rows = chunk.min(t - base) as u32;
-        for k in 0..shards {
-            let lo = k * shard_pages;
-            let params = SparseAttentionParams {
-                row_base: base as u32,
-                rows,
-                page_lo: lo as u32,
-                shard_pages: shard_pages.min(np.saturating_sub(lo)) as u32,
-                first: (k == 0) as u32,
-                ..p
-            };
-            steps.push(AttentionStep {
-                shader: OP,
-                shard: k,
-                slot: c * shards + k,
-                params,
-            });
-        }
-        let params = SparseAttentionParams {
-            row_base: base as u32,
-            rows,
-            ..p
-        };
-        steps.push(AttentionStep {
-            shader: COMBINE,
-            shard: 0,
-            slot: c,
-            params,
+    let route_bytes = p.hs as u64 * (shards + 1 + p.w as usize) as u64 * 4;
+    if route_bytes > routes_cap {
+        return Err(Error::Limit {
+            op: OP,
+            input: "routes".into(),
+            need: route_bytes,
+            limit_name: "scratch capacity",
+            limit: routes_cap,
         });
     }
+    let t = p.t as usize;
+    let chunk =
+        ((partials_cap / row_bytes).min(routes_cap / route_bytes) as usize).clamp(1, t.max(1));
+    p.shards = shards as u32;
+    p.shard_pages = shard_pages as u32;
+    let mut steps = Vec::new();
+    for (c, base) in (0..t).step_by(chunk).enumerate() {
+        let p = SparseAttentionParams {
+            row_base: base as u32,
+            rows: chunk.min(t - base) as u32,
+            ..p
+        };
+        let step = |shader, shard: usize, slot| AttentionStep {
+            shader,
+            shard,
+            slot,
+            params: SparseAttentionParams {
+                shard: shard as u32,
+                ..p
+            },
+        };
+        steps.push(step(ROUTE, 0, c));
+        for k in 0..shards {
+            steps.push(step(OP, k, c * shards + k));
+        }
+        steps.push(step(COMBINE, 0, c));
+    }
+    let rows = chunk.min(t.max(1)) as u64;
     Ok(AttentionPlan {
         steps,
         shard_pages,
-        partials_bytes: (chunk.min(t.max(1)) as u64 * row_bytes).max(16),
+        partials_bytes: (rows * row_bytes).max(16),
+        routes_bytes: (rows * route_bytes).max(16),
     })
 }
 
@@ -254,6 +278,7 @@ pub fn dispatch_attention<'a>(
         ("token_count", b.token_count, rows * 4),
         ("out", b.out, t * h * e * es),
         ("partials", b.partials, plan.partials_bytes),
+        ("routes", b.routes, plan.routes_bytes),
     ];
     for (k, buf) in b.pool.iter().enumerate() {
         let pages = sp.min(np - (k as u64 * sp).min(np));
@@ -280,49 +305,56 @@ pub fn dispatch_attention<'a>(
     let mut out = Vec::new();
     for step in &plan.steps {
         let p = &step.params;
-        let d = if step.shader == COMBINE {
-            Dispatch {
+        let d = match step.shader {
+            ROUTE => Dispatch {
+                key: PipelineKey::new(ROUTE, "main"),
+                params: bytemuck::bytes_of(p),
+                buffers: vec![b.seqs, b.token_indices, b.token_count, b.routes, b.flags],
+                groups: p.rows * p.hs,
+            },
+            COMBINE => Dispatch {
                 key: PipelineKey::new(COMBINE, "main")
                     .with("T_KIND", dt.shader_kind())
                     .with("ALIGN2", a2),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.partials, b.sinks.unwrap_or(&ctx.dummy), b.out],
                 groups: p.combine_groups(),
-            }
-        } else {
-            Dispatch {
+            },
+            _ => Dispatch {
                 key: PipelineKey::new(OP, "main")
                     .with("T_KIND", dt.shader_kind())
                     .with("HQ", p.head_quads())
                     .with("ALIGN2", a2)
                     .with("VEC", vec),
                 params: bytemuck::bytes_of(p),
-                buffers: vec![
-                    b.query,
-                    b.pool[step.shard],
-                    b.seqs,
-                    b.token_indices,
-                    b.token_count,
-                    b.partials,
-                    b.flags,
-                ],
+                buffers: vec![b.query, b.pool[step.shard], b.routes, b.partials],
                 groups: p.groups(),
-            }
+            },
         };
         out.push((step, d));
     }
     Ok(out)
 }
 
-/// The scratch a call over `b`'s pool needs at most, within one storage binding.
+/// The largest scratch buffer one call may use: one storage binding.
 fn scratch_capacity(ctx: &Context) -> u64 {
     ctx.limits
         .max_storage_buffer_binding_size
         .min(ctx.limits.max_buffer_size)
 }
 
-/// Records a call over a pool in one buffer into `enc`, with fresh bind groups and a scratch
-/// buffer of its own.
+/// A scratch buffer of at least `bytes` (whole 16-byte words).
+pub fn scratch_buffer(ctx: &Context, label: &str, bytes: u64) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes.div_ceil(16).max(1) * 16,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    })
+}
+
+/// Records a call over a pool in one buffer into `enc`, with fresh bind groups and scratch
+/// buffers of its own.
 pub async fn encode_attention(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -330,22 +362,19 @@ pub async fn encode_attention(
     prm: &SparseAttentionParams,
     b: &AttentionBuffers<'_>,
 ) -> Result<()> {
-    let plan = plan_attention(ctx, prm, prm.num_pages as usize, scratch_capacity(ctx))?;
-    let partials = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("qsa.sparse_attention.partials"),
-        size: plan.partials_bytes.div_ceil(16) * 16,
-        usage: wgpu::BufferUsages::STORAGE,
-        mapped_at_creation: false,
-    });
-    let sb = b.sharded(prm.num_pages as usize, &partials);
+    let cap = scratch_capacity(ctx);
+    let plan = plan_attention(ctx, prm, prm.num_pages as usize, cap, cap)?;
+    let partials = scratch_buffer(ctx, "qsa.sparse_attention.partials", plan.partials_bytes);
+    let routes = scratch_buffer(ctx, "qsa.sparse_attention.routes", plan.routes_bytes);
+    let sb = b.sharded(prm.num_pages as usize, &partials, &routes);
     for (_, d) in dispatch_attention(ctx, dt, &plan, &sb)? {
         encode(ctx, enc, d).await?;
     }
     Ok(())
 }
 
-/// Records a call over a sharded pool into `enc`, with fresh bind groups; its partial results
-/// go through `b.partials` (rows are taken in chunks when that is smaller than the call needs).
+/// Records a call over a sharded pool into `enc`, with fresh bind groups, through the scratch
+/// buffers of `b` (rows are taken in chunks when they are smaller than the call needs).
 pub async fn encode_attention_sharded(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
@@ -353,8 +382,9 @@ pub async fn encode_attention_sharded(
     prm: &SparseAttentionParams,
     b: &ShardedAttentionBuffers<'_>,
 ) -> Result<()> {
-    let cap = b.partials.size().min(scratch_capacity(ctx));
-    let plan = plan_attention(ctx, prm, b.shard_pages, cap)?;
+    let cap = scratch_capacity(ctx);
+    let (pc, rc) = (b.partials.size().min(cap), b.routes.size().min(cap));
+    let plan = plan_attention(ctx, prm, b.shard_pages, pc, rc)?;
     for (_, d) in dispatch_attention(ctx, dt, &plan, b)? {
         encode(ctx, enc, d).await?;
     }
