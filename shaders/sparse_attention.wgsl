@@ -293,44 +293,45 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var z20 = vec4<f32>(0.0); var z21 = vec4<f32>(0.0); var z22 = vec4<f32>(0.0); var z23 = vec4<f32>(0.0);
         var z30 = vec4<f32>(0.0); var z31 = vec4<f32>(0.0); var z32 = vec4<f32>(0.0); var z33 = vec4<f32>(0.0);
         for (var c4 = 0u; c4 < e4; c4 += 2u) {
-            // Quads c4 and c4 + 1 of the four head quads' queries.
-            let q0 = qmat(r0, c4);
-            let p0 = qmat(r0, c4 + 1u);
-            var q1 = mat4x4<f32>();
-            var p1 = mat4x4<f32>();
-            var q2 = mat4x4<f32>();
-            var p2 = mat4x4<f32>();
-            var q3 = mat4x4<f32>();
-            var p3 = mat4x4<f32>();
-            if (HQ > 1u) { q1 = qmat(r1, c4); p1 = qmat(r1, c4 + 1u); }
-            if (HQ > 2u) { q2 = qmat(r2, c4); p2 = qmat(r2, c4 + 1u); }
-            if (HQ > 3u) { q3 = qmat(r3, c4); p3 = qmat(r3, c4 + 1u); }
+            // Quads c4 and c4 + 1 of the rows' keys (rows past the tile read as 0), then of
+            // each head quad's queries: one pair of query matrices live at a time.
             let c = 4u * c4;
             let x0 = ld_pair(k0, c, e);
-            z00 += x0[0] * q0 + x0[1] * p0;
-            if (HQ > 1u) { z01 += x0[0] * q1 + x0[1] * p1; }
-            if (HQ > 2u) { z02 += x0[0] * q2 + x0[1] * p2; }
-            if (HQ > 3u) { z03 += x0[0] * q3 + x0[1] * p3; }
-            if (tl > 64u) {
-                let x1 = ld_pair(k1, c, e);
-                z10 += x1[0] * q0 + x1[1] * p0;
-                if (HQ > 1u) { z11 += x1[0] * q1 + x1[1] * p1; }
-                if (HQ > 2u) { z12 += x1[0] * q2 + x1[1] * p2; }
-                if (HQ > 3u) { z13 += x1[0] * q3 + x1[1] * p3; }
+            var x1 = mat2x4<f32>();
+            var x2 = mat2x4<f32>();
+            var x3 = mat2x4<f32>();
+            if (tl > 64u) { x1 = ld_pair(k1, c, e); }
+            if (tl > 128u) { x2 = ld_pair(k2, c, e); }
+            if (tl > 192u) { x3 = ld_pair(k3, c, e); }
+            var q = qmat(r0, c4);
+            var p = qmat(r0, c4 + 1u);
+            z00 += x0[0] * q + x0[1] * p;
+            z10 += x1[0] * q + x1[1] * p;
+            z20 += x2[0] * q + x2[1] * p;
+            z30 += x3[0] * q + x3[1] * p;
+            if (HQ > 1u) {
+                q = qmat(r1, c4);
+                p = qmat(r1, c4 + 1u);
+                z01 += x0[0] * q + x0[1] * p;
+                z11 += x1[0] * q + x1[1] * p;
+                z21 += x2[0] * q + x2[1] * p;
+                z31 += x3[0] * q + x3[1] * p;
             }
-            if (tl > 128u) {
-                let x2 = ld_pair(k2, c, e);
-                z20 += x2[0] * q0 + x2[1] * p0;
-                if (HQ > 1u) { z21 += x2[0] * q1 + x2[1] * p1; }
-                if (HQ > 2u) { z22 += x2[0] * q2 + x2[1] * p2; }
-                if (HQ > 3u) { z23 += x2[0] * q3 + x2[1] * p3; }
+            if (HQ > 2u) {
+                q = qmat(r2, c4);
+                p = qmat(r2, c4 + 1u);
+                z02 += x0[0] * q + x0[1] * p;
+                z12 += x1[0] * q + x1[1] * p;
+                z22 += x2[0] * q + x2[1] * p;
+                z32 += x3[0] * q + x3[1] * p;
             }
-            if (tl > 192u) {
-                let x3 = ld_pair(k3, c, e);
-                z30 += x3[0] * q0 + x3[1] * p0;
-                if (HQ > 1u) { z31 += x3[0] * q1 + x3[1] * p1; }
-                if (HQ > 2u) { z32 += x3[0] * q2 + x3[1] * p2; }
-                if (HQ > 3u) { z33 += x3[0] * q3 + x3[1] * p3; }
+            if (HQ > 3u) {
+                q = qmat(r3, c4);
+                p = qmat(r3, c4 + 1u);
+                z03 += x0[0] * q + x0[1] * p;
+                z13 += x1[0] * q + x1[1] * p;
+                z23 += x2[0] * q + x2[1] * p;
+                z33 += x3[0] * q + x3[1] * p;
             }
         }
         let low = vec4<f32>(LOW);

@@ -58,21 +58,23 @@ pub fn phases(e: usize) -> usize {
 }
 
 /// Loop iterations one invocation of the partial pass runs at most, as llvmpipe counts them (a
-/// loop of n iterations costs n + 1), with a margin: the setup, then per chunk of the split the
-/// fill (a prefix count when entries were dropped), and per tile the score loop over E's quads
-/// and the rounds of the V step.
+/// loop of n iterations costs n + 1), with a margin: the setup, then per tile of the split the
+/// copy of its rows, the score loop over E's quad pairs and the rounds of the V step.
 pub fn loop_iterations(p: &SparseAttentionParams) -> u64 {
     let lanes = LANES as u64;
     let e4 = (p.e as u64).div_ceil(4);
-    let chunks = (p.split_len as u64).div_ceil(lanes);
-    // A tile takes at least TILE − LANES + 1 rows, unless dropped entries thin the chunks.
-    let tiles = chunks;
-    let setup = (p.hc as u64 * e4).div_ceil(lanes) + 1 + 34 + 5;
-    let outer = chunks + tiles + 1;
+    let tiles = (p.split_len as u64).div_ceil(TILE as u64);
+    let setup = (p.hc as u64 * (e4 + 1)).div_ceil(lanes) + 1 + 5 + 16;
     let rounds = (TILE / ROUND) as u64;
     let round = ROUND as u64 / p.phases.max(1) as u64 + 2;
-    let tile = (e4 + 1) + (rounds + 1) + rounds * round;
-    setup + outer + chunks * (lanes + 1) + tiles * tile + 2 * lanes
+    let tile = 1 + (TILE as u64 / lanes + 1) + (e4.div_ceil(2) + 2) + (rounds + 1) + rounds * round;
+    setup + tiles * tile + 1
+}
+
+/// Loop iterations one invocation of the routing stage runs at most: two passes over the list
+/// in chunks of 64, the shard prefix, the clearing of its workgroup arrays, the row lookup.
+pub fn route_loop_iterations(p: &SparseAttentionParams) -> u64 {
+    2 * ((p.w as u64).div_ceil(LANES as u64) + 1) + p.shards as u64 + 1 + 2 * 5 + 34
 }
 
 /// Shape of one call; [`params`] derives the uniform block from it.

@@ -234,15 +234,18 @@ pub fn dispatch_attention<'a>(
     };
     let prm = &first.params;
     let d = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
-    if d.contains("llvmpipe") && loop_iterations(prm) > LLVMPIPE_LOOP_BUDGET {
-        return Err(Error::input(
-            OP,
-            "token_indices",
-            format!(
-                "splits of {} of W = {} entries with E = {} need up to {} loop iterations per invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_LIMIT}",
-                prm.split_len, prm.w, prm.e, loop_iterations(prm)
-            ),
-        ));
+    if d.contains("llvmpipe") {
+        let (n, r) = (loop_iterations(prm), route_loop_iterations(prm));
+        if n.max(r) > LLVMPIPE_LOOP_BUDGET {
+            return Err(Error::input(
+                OP,
+                "token_indices",
+                format!(
+                    "W = {} (splits of {}) with E = {} needs up to {} loop iterations per invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_LIMIT}",
+                    prm.w, prm.split_len, prm.e, n.max(r)
+                ),
+            ));
+        }
     }
     if !dt.is_float() || (prm.has_sinks != 0) != b.sinks.is_some() {
         return Err(Error::input(
