@@ -219,6 +219,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let nsub = P.splits * P.phases;
     let base = (rr * P.h + h0) * nsub + split * P.phases + ph;
 
+    let rg = workgroupUniformLoad(&range);
+    if (rg.y == 0u) {
+        // Nothing in this shard: the first one leaves empty partials, later ones keep theirs.
+        if (P.shard == 0u) {
+            let zero = mat4x4<f32>();
+            let none = vec4<f32>(LOW);
+            for (var q = 0u; q < HQ; q++) {
+                if (cq < e4) { put4(base, nsub, q, hc, rs, cq, zero); }
+                if (cq + 1u < e4) { put4(base, nsub, q, hc, rs, cq + 1u, zero); }
+                if (cb == 0u && lid % lpp == 0u) {
+                    put_ml(base, nsub, q, hc, rs, e4, none, vec4<f32>(0.0));
+                }
+            }
+        }
+        return;
+    }
     // Queries of the chunk's heads into `sh`, zero-padded to whole quad pairs.
     for (var i = lid; i < hc * e8; i += TK) {
         sh[i] = ld_q((t * P.h + h0 + i / e8) * e, 4u * (i % e8), e);
@@ -266,10 +282,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if (lid / 4u == 3u) { m = m3; }
         atomicStore(&m_bits[lid], ord(m[lid % 4u]));
     }
-    let rg = workgroupUniformLoad(&range); // also: the queries and m_bits are in place
-    if (rg.y == 0u && P.shard != 0u) {
-        return; // nothing here: the previous shard's partials stand
-    }
+    workgroupBarrier(); // the queries and m_bits are in place
     let r0 = qrows(0u, hc, e8);
     let r1 = qrows(1u, hc, e8);
     let r2 = qrows(2u, hc, e8);
