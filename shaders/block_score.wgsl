@@ -76,8 +76,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     let gsize = P.hi / P.hs;
     let krow = (n * P.max_blocks + b) * P.di;
+    // −inf, from bits held in a variable: a constant expression must not evaluate to an
+    // infinity (browsers reject `bitcast<f32>(0xff800000u)` at shader creation; naga allows it).
+    var ninf_bits = 0xff800000u;
     for (var g = 0u; g < P.hs; g++) {
-        var s = bitcast<f32>(0xff800000u); // −inf
+        var s = bitcast<f32>(ninf_bits);
         if (b < vis) {
             var acc = 0.0;
             for (var h = g * gsize; h < (g + 1u) * gsize; h++) {

@@ -76,8 +76,10 @@ fn st_out(i: u32, v: f32) {
     atomicAnd(&out[t_word(i)], t_keep(i));
     atomicOr(&out[t_word(i)], t_bits(v, i));
 }
-fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
-fn pos_inf() -> f32 { return bitcast<f32>(0x7f800000u); }
+// Infinities from bits held in a variable: a constant expression must not evaluate to one
+// (browsers reject it at shader creation; naga allows it).
+fn neg_inf() -> f32 { var b = 0xff800000u; return bitcast<f32>(b); }
+fn pos_inf() -> f32 { var b = 0x7f800000u; return bitcast<f32>(b); }
 
 // v rounded to T and widened back.
 fn t_round(v: f32) -> f32 {

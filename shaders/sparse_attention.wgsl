@@ -2,10 +2,13 @@
 // of the tokens their selection group gathered that lie in one shard of the main paged KV pool.
 // Stage 1 (sparse_attention_route.wgsl) has resolved the token lists into per-shard row lists;
 // stage 3 (sparse_attention_combine.wgsl) merges the partials, adds the sink and rounds.
+// Queries and keys have E channels, values Ev (a pool row has Dp = max(E, Ev) channels per head;
+// common/attention.wgsl): scores read the first E channels of a K row, the V step the first Ev
+// of a V row, and the partial results hold Ev channels.
 //
 // Work split (flash-decoding): one workgroup per (row t, KV head kh, part, split s). A part is a
 // segment (the heads of kh's group that share one selection group, so one token list) cut into
-// head chunks of at most hc heads, times a channel block of the V step (E > 512 only; each
+// head chunks of at most hc heads, times a channel block of the V step (Ev > 512 only; each
 // block repeats the scores). Split s takes entries s · split_len … (s + 1) · split_len − 1 of
 // the bound shard's row list and writes partial results (layout in common/attention.wgsl). A
 // pool larger than one binding is split into shards of whole pages, one dispatch each; the
@@ -34,7 +37,7 @@
 override HQ: u32 = 3u;
 // 1 when every query row starts on an even element, so a 16-bit channel quad is two whole words.
 override ALIGN2: u32 = 0u;
-// 1 when every K and V row starts on a whole vec4 of the pool (E and the pool offsets are
+// 1 when every K and V row starts on a whole vec4 of the pool (Dp and the pool offsets are
 // multiples of 4 elements for f32, 8 for f16/bf16): two channel quads are then one or two
 // vec4 reads. 0: element by element.
 override VEC: u32 = 0u;
@@ -47,9 +50,9 @@ const NO_ROW: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> P: SparseAttentionParams;
 @group(0) @binding(1) var<storage, read> query: array<u32>;           // [T, H, E] T
-@group(0) @binding(2) var<storage, read> pool: array<vec4<u32>>;      // one shard: [shard_pages, 2, layers, page_size, Hkv, E] T, pages page_stride apart
+@group(0) @binding(2) var<storage, read> pool: array<vec4<u32>>;      // one shard: [shard_pages, 2, layers, page_size, Hkv, Dp] T, pages page_stride apart
 @group(0) @binding(3) var<storage, read> routes: array<u32>;          // [rows, Hs, shards + 1 + W] u32 (stage 1)
-@group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>; // [rows, H, splits, phases, E4 + 1] partial results
+@group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>; // [rows, H, splits, phases, Ev4 + cblocks] partial results
 
 // Queries [hc, E8] (E8: E4 rounded up to even, zero-padded) at 0, then a round's weights
 // [RT, HQ] at hc · E8.
@@ -141,13 +144,13 @@ fn put4(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32, a: mat4x4<f32>) 
     if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + c] = a[2]; }
     if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + c] = a[3]; }
 }
-// Stores (m, l) of heads 4q … 4q + 3 (those below hc).
-fn put_ml(base: u32, step: u32, q: u32, hc: u32, rs: u32, e4: u32, m: vec4<f32>, l: vec4<f32>) {
+// Stores (m, l) of heads 4q … 4q + 3 (those below hc) at vec4 `at` of their records.
+fn put_ml(base: u32, step: u32, q: u32, hc: u32, rs: u32, at: u32, m: vec4<f32>, l: vec4<f32>) {
     let j = 4u * q;
-    if (j < hc) { part[rec(base, step, j, hc, rs) + e4] = vec4<f32>(m.x, l.x, 0.0, 0.0); }
-    if (j + 1u < hc) { part[rec(base, step, j + 1u, hc, rs) + e4] = vec4<f32>(m.y, l.y, 0.0, 0.0); }
-    if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + e4] = vec4<f32>(m.z, l.z, 0.0, 0.0); }
-    if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + e4] = vec4<f32>(m.w, l.w, 0.0, 0.0); }
+    if (j < hc) { part[rec(base, step, j, hc, rs) + at] = vec4<f32>(m.x, l.x, 0.0, 0.0); }
+    if (j + 1u < hc) { part[rec(base, step, j + 1u, hc, rs) + at] = vec4<f32>(m.y, l.y, 0.0, 0.0); }
+    if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + at] = vec4<f32>(m.z, l.z, 0.0, 0.0); }
+    if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + at] = vec4<f32>(m.w, l.w, 0.0, 0.0); }
 }
 // The query rows of heads 4q … 4q + 3 (heads past hc repeat the last one), as vec4 indices.
 fn qrows(q: u32, hc: u32, e4: u32) -> vec4<u32> {
@@ -205,17 +208,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         range = vec2<u32>(list + P.shards + 1u + lo + a,
                           min(count - a, P.split_len));
     }
-    let e = P.e;
+    let e = P.e;                         // query / key channels
     let e4 = (e + 3u) / 4u;
     let e8 = e4 + (e4 & 1u);
-    let rs = e4 + 1u;
+    let ev = v_dim();                    // value channels
+    let v4 = (ev + 3u) / 4u;
+    let v8 = v4 + (v4 & 1u);
+    let rs = v4 + P.cblocks;
+    let mlq = v4 + cb;                   // this channel block's (m, l) in a record
     let wb = hc * e8;                    // the round's weights in `sh`
     let lpp = TK / P.phases;             // invocations per phase in step 3
     let ph = lid / lpp;
-    let cq = (cb * lpp + lid % lpp) * 2u; // this invocation's two channel quads in step 3
-    let cqa = min(cq, e4 - 1u);
-    let cqb = min(cq + 1u, e4 - 1u);
-    let cqv = min(cq, e8 - 2u);           // the pair read in step 3
+    let cq = (cb * lpp + lid % lpp) * 2u; // this invocation's two channel quads of Ev in step 3
+    let cqa = min(cq, v4 - 1u);
+    let cqb = min(cq + 1u, v4 - 1u);
+    let cqv = min(cq, v8 - 2u);           // the pair read in step 3
     let nsub = P.splits * P.phases;
     let base = (rr * P.h + h0) * nsub + split * P.phases + ph;
 
@@ -226,10 +233,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let zero = mat4x4<f32>();
             let none = vec4<f32>(LOW);
             for (var q = 0u; q < HQ; q++) {
-                if (cq < e4) { put4(base, nsub, q, hc, rs, cq, zero); }
-                if (cq + 1u < e4) { put4(base, nsub, q, hc, rs, cq + 1u, zero); }
-                if (cb == 0u && lid % lpp == 0u) {
-                    put_ml(base, nsub, q, hc, rs, e4, none, vec4<f32>(0.0));
+                if (cq < v4) { put4(base, nsub, q, hc, rs, cq, zero); }
+                if (cq + 1u < v4) { put4(base, nsub, q, hc, rs, cq + 1u, zero); }
+                if (lid % lpp == 0u) {
+                    put_ml(base, nsub, q, hc, rs, mlq, none, vec4<f32>(0.0));
                 }
             }
         }
@@ -261,10 +268,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var q = 0u; q < HQ; q++) {
             let r = vec4<u32>(rec(base, nsub, 4u * q, hc, rs), rec(base, nsub, 4u * q + 1u, hc, rs),
                               rec(base, nsub, 4u * q + 2u, hc, rs), rec(base, nsub, 4u * q + 3u, hc, rs));
-            let p0 = part[r.x + e4];
-            let p1 = part[r.y + e4];
-            let p2 = part[r.z + e4];
-            let p3 = part[r.w + e4];
+            let p0 = part[r.x + mlq];
+            let p1 = part[r.y + mlq];
+            let p2 = part[r.z + mlq];
+            let p3 = part[r.w + mlq];
             let m = ml_m(p0, p1, p2, p3);
             let l = ml_l(p0, p1, p2, p3);
             let a = mat4x4<f32>(part[r.x + cqa], part[r.y + cqa], part[r.z + cqa], part[r.w + cqa]);
@@ -291,7 +298,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var base_row = 0u; base_row < rg.y; base_row += TILE) {
         let tl = min(TILE, rg.y - base_row);
         for (var j = lid; j < tl; j += TK) {
-            rows[j] = routes[rg.x + base_row + j] + kh * e;
+            rows[j] = routes[rg.x + base_row + j] + kh * pool_dim();
         }
         workgroupBarrier();
 
@@ -413,7 +420,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             workgroupBarrier();
             let rt = min(RT, tl - r * RT);
             for (var s = ph; s < rt; s += P.phases) {
-                let x = ld_pair(rows[r * RT + s] + P.v_off, 4u * cqv, e);
+                let x = ld_pair(rows[r * RT + s] + P.v_off, 4u * cqv, ev);
                 let va = x[0];
                 let vb = x[1];
                 let w = wb + s * HQ;
@@ -437,23 +444,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
 
     // The partial results of this invocation's phase: its channel quads of every head, and
-    // (m, l) from the phase's first invocation of the first channel block.
-    if (cq < e4) {
+    // (m, l) from the phase's first invocation, into the channel block's own copy.
+    if (cq < v4) {
         put4(base, nsub, 0u, hc, rs, cq, a00);
         if (HQ > 1u) { put4(base, nsub, 1u, hc, rs, cq, a10); }
         if (HQ > 2u) { put4(base, nsub, 2u, hc, rs, cq, a20); }
         if (HQ > 3u) { put4(base, nsub, 3u, hc, rs, cq, a30); }
     }
-    if (cq + 1u < e4) {
+    if (cq + 1u < v4) {
         put4(base, nsub, 0u, hc, rs, cq + 1u, a01);
         if (HQ > 1u) { put4(base, nsub, 1u, hc, rs, cq + 1u, a11); }
         if (HQ > 2u) { put4(base, nsub, 2u, hc, rs, cq + 1u, a21); }
         if (HQ > 3u) { put4(base, nsub, 3u, hc, rs, cq + 1u, a31); }
     }
-    if (cb == 0u && lid % lpp == 0u) {
-        put_ml(base, nsub, 0u, hc, rs, e4, m0, l0);
-        if (HQ > 1u) { put_ml(base, nsub, 1u, hc, rs, e4, m1, l1); }
-        if (HQ > 2u) { put_ml(base, nsub, 2u, hc, rs, e4, m2, l2); }
-        if (HQ > 3u) { put_ml(base, nsub, 3u, hc, rs, e4, m3, l3); }
+    if (lid % lpp == 0u) {
+        put_ml(base, nsub, 0u, hc, rs, mlq, m0, l0);
+        if (HQ > 1u) { put_ml(base, nsub, 1u, hc, rs, mlq, m1, l1); }
+        if (HQ > 2u) { put_ml(base, nsub, 2u, hc, rs, mlq, m2, l2); }
+        if (HQ > 3u) { put_ml(base, nsub, 3u, hc, rs, mlq, m3, l3); }
     }
 }

@@ -1,11 +1,11 @@
-// sparse_attention, stage 2 of 2: merges the partial results (splits × phases) of each (row,
-// query head) (stage 1, sparse_attention.wgsl; layout in common/attention.wgsl), adds the head's
-// sink and rounds the output once. With M the largest partial maximum (and the sink),
+// sparse_attention, stage 3 of 3: merges the partial results (splits × phases) of each (row,
+// query head) (stage 2, sparse_attention.wgsl; layout in common/attention.wgsl), adds the head's
+// sink and rounds the output (Ev channels per head) once. With M the largest partial maximum (and the sink),
 //   out = Σ_s e^{m_s − M} acc_s / (Σ_s e^{m_s − M} l_s + [sink] e^{sink − M}),
 // and 0 when no partial saw a token (Σ_s l_s = 0), with or without a sink.
 //
-// One workgroup per (row, head, block of 64 channel quads); invocation i owns channel quad i of
-// its block and reads each partial's quad once.
+// One workgroup per (row, head, block of 64 channel quads of Ev); invocation i owns channel
+// quad i of its block and reads each partial's quad once.
 
 //#include common/dtype.wgsl
 //#include common/attention.wgsl
@@ -17,9 +17,9 @@ override ALIGN2: u32 = 0u;
 const TK: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> P: SparseAttentionParams;
-@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;       // [rows, H, splits, phases, E4 + 1] partial results
+@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;       // [rows, H, splits, phases, Ev4 + cblocks] partial results
 @group(0) @binding(2) var<storage, read> sinks: array<f32>;            // [H] f32
-@group(0) @binding(3) var<storage, read_write> out: array<atomic<u32>>; // [T, H, E] T
+@group(0) @binding(3) var<storage, read_write> out: array<atomic<u32>>; // [T, H, Ev] T
 
 fn st_out(i: u32, v: f32) {
     atomicAnd(&out[t_word(i)], t_keep(i));
@@ -49,7 +49,7 @@ fn st_quad(i: u32, c: u32, e: u32, v: vec4<f32>) {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let id = wg.y * nwg.x + wg.x;
-    let e = P.e;
+    let e = v_dim();
     let e4 = (e + 3u) / 4u;
     let blocks = (e4 + TK - 1u) / TK;
     if (id >= P.rows * P.h * blocks) {
@@ -58,14 +58,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let rr = id / (P.h * blocks);
     let h = (id / blocks) % P.h;
     let cq = (id % blocks) * TK + lid;
-    let rs = e4 + 1u;
+    let rs = e4 + P.cblocks;
+    // The (m, l) of the V step's channel block that holds this workgroup's quads (blocks of
+    // 2 · 64 / phases quads, a multiple of 64).
+    let ml_at = e4 + min((id % blocks) * TK / (2u * (TK / P.phases)), P.cblocks - 1u);
     let subs = P.splits * P.phases;
     let first = (rr * P.h + h) * subs;
 
     var top = LOW;
     var seen = 0.0;
     for (var s = 0u; s < subs; s++) {
-        let ml = part[(first + s) * rs + e4];
+        let ml = part[(first + s) * rs + ml_at];
         top = max(top, ml.x);
         seen += ml.y;
     }
@@ -80,7 +83,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let c = min(cq, e4 - 1u);
     for (var s = 0u; s < subs; s++) {
         let r = (first + s) * rs;
-        let ml = part[r + e4];
+        let ml = part[r + ml_at];
         let a = exp(ml.x - top);
         den += a * ml.y;
         acc += a * part[r + c];

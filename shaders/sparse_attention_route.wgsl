@@ -62,7 +62,7 @@ fn resolve(n: u32, p: u32, tok: i32, flag: bool) -> vec2<u32> {
                 f = FLAG_PAGE;
             } else {
                 r = vec2<u32>(page / P.shard_pages, (page % P.shard_pages) * P.page_stride
-                              + (pos % P.page_size) * P.hkv * P.e);
+                              + (pos % P.page_size) * P.hkv * pool_dim());
             }
         }
     }

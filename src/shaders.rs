@@ -1,6 +1,7 @@
 //! The WGSL sources, embedded at build time, and their assembly: an operator shader names the
 //! common files it needs with `//#include common/<file>.wgsl` lines, which are replaced by the
-//! file's text (each file at most once). Native and browser builds use the same sources.
+//! file's text (each file at most once). Native and browser builds use the same sources; where
+//! naga's WGSL and the browsers' differ, [`assemble_for`] applies the difference.
 
 use crate::error::{Error, Result};
 
@@ -66,6 +67,18 @@ pub const FILES: &[(&str, &str)] = &[
         "sparse_attention_combine.wgsl",
         include_str!("../shaders/sparse_attention_combine.wgsl"),
     ),
+    (
+        "bench_copy.wgsl",
+        include_str!("../shaders/bench_copy.wgsl"),
+    ),
+    (
+        "nsa_compress_paged.wgsl",
+        include_str!("../shaders/nsa_compress_paged.wgsl"),
+    ),
+    (
+        "nsa_select_expand.wgsl",
+        include_str!("../shaders/nsa_select_expand.wgsl"),
+    ),
 ];
 
 /// The pipeline shaders (files outside `common/`): one per operator, or per stage of one, by
@@ -81,7 +94,56 @@ fn file(path: &str) -> Option<&'static str> {
     FILES.iter().find(|(p, _)| *p == path).map(|(_, s)| *s)
 }
 
-/// The final WGSL of operator shader `name` (without `.wgsl`), includes expanded.
+/// Who compiles the WGSL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ShaderTarget {
+    /// naga (wgpu on Vulkan, Metal, DX12, GL, and every test): the sources as written.
+    #[default]
+    Naga,
+    /// A browser's WebGPU (Tint, WebKit): requires `enable subgroups;` before any subgroup
+    /// builtin, which naga 30 rejects as an unknown extension.
+    Browser,
+}
+
+impl ShaderTarget {
+    /// The compiler behind an adapter of `backend`.
+    pub fn of(backend: wgpu::Backend) -> ShaderTarget {
+        match backend {
+            wgpu::Backend::BrowserWebGpu => ShaderTarget::Browser,
+            _ => ShaderTarget::Naga,
+        }
+    }
+}
+
+/// The final WGSL of operator shader `name` for `target`.
+pub fn assemble_for(name: &str, target: ShaderTarget) -> Result<String> {
+    Ok(for_target(assemble(name)?, target))
+}
+
+/// Applies the dialect differences of `target` to assembled WGSL.
+pub fn for_target(src: String, target: ShaderTarget) -> String {
+    match target {
+        ShaderTarget::Naga => src,
+        ShaderTarget::Browser if uses_subgroups(&src) && !src.contains("enable subgroups;") => {
+            format!("enable subgroups;\n{src}")
+        }
+        ShaderTarget::Browser => src,
+    }
+}
+
+/// Whether code outside `//` comments names a subgroup builtin (`subgroupAdd`,
+/// `subgroup_size`, …) or a quad operation, which need the `subgroups` extension.
+pub fn uses_subgroups(src: &str) -> bool {
+    src.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .any(|w| {
+            w.starts_with("subgroup") || w.starts_with("quadBroadcast") || w.starts_with("quadSwap")
+        })
+}
+
+/// The final WGSL of operator shader `name` (without `.wgsl`), includes expanded, as naga
+/// reads it.
 pub fn assemble(name: &str) -> Result<String> {
     let top = format!("{name}.wgsl");
     let src = file(&top).ok_or_else(|| Error::Shader {

@@ -328,6 +328,26 @@ pub fn compare_selection(
     Ok(accepted)
 }
 
+/// Tolerance for outputs that are f32 weighted sums of inputs stored as `dtype`, rounded to it
+/// once (NSA's compressed windows and its compressed-branch output): f32 noise, or about one
+/// unit in the last place of the half types.
+pub fn weighted_sum_tol(dtype: DType) -> Tol {
+    match dtype {
+        DType::F32 => Tol {
+            abs: 2e-5,
+            rel: 1e-4,
+        },
+        DType::F16 => Tol {
+            abs: 4e-3,
+            rel: 2e-3,
+        },
+        _ => Tol {
+            abs: 3e-2,
+            rel: 1.6e-2,
+        },
+    }
+}
+
 /// Tolerance for attention outputs stored as `dtype`: weighted means of V rows whose f32 sums
 /// run over up to a few thousand tokens in an order that differs between CPU and GPU, then
 /// rounded once (so half types may differ by one unit in the last place).
@@ -339,4 +359,124 @@ pub fn attention_tol(dtype: DType) -> Tol {
         },
         _ => transform_tol(dtype),
     }
+}
+
+/// Rows of a top-k selection judged against reference scores by [`check_topk`].
+#[derive(Clone, Debug, Default)]
+pub struct TopkReport {
+    pub rows: usize,
+    /// Equal to the reference selection, slot for slot.
+    pub exact: usize,
+    /// Different, but only among near-ties: accepted.
+    pub tolerated: usize,
+    pub failed: usize,
+    /// What was wrong with the first failed row.
+    pub first_failure: Option<String>,
+}
+
+/// Judges a selection (`got_indices [.., k]`, `got_count [..]`, as `block_topk` writes them)
+/// against the reference `scores [.., w]` and the reference selection `want_indices`. A row
+/// that differs from the reference is accepted when the difference can only come from
+/// near-ties: it selects `min(k, visible)` distinct visible blocks, pads with −1, keeps
+/// descending score order, and every selected block scores at least the reference k-th best
+/// minus `tol` (so a 1-ulp difference in a block key may swap two tied blocks, but a clearly
+/// worse block is rejected).
+pub fn check_topk(
+    scores: &Tensor,
+    got_indices: &Tensor,
+    got_count: &Tensor,
+    want_indices: &Tensor,
+    tol: Tol,
+) -> TopkReport {
+    let w = *scores.shape.last().unwrap_or(&0);
+    let k = *got_indices.shape.last().unwrap_or(&0);
+    let (s, got, cnt, want) = (
+        scores.to_f32(),
+        got_indices.to_i64(),
+        got_count.to_i64(),
+        want_indices.to_i64(),
+    );
+    let rows = cnt.len();
+    let mut rep = TopkReport {
+        rows,
+        ..Default::default()
+    };
+    if w == 0 || s.len() != rows * w || got.len() != rows * k || want.len() != rows * k {
+        rep.failed = rows.max(1);
+        rep.first_failure = Some(format!(
+            "shapes disagree: scores {:?}, indices {:?}, count {:?}, reference {:?}",
+            scores.shape, got_indices.shape, got_count.shape, want_indices.shape
+        ));
+        return rep;
+    }
+    for r in 0..rows {
+        let row = &s[r * w..][..w];
+        let (g, want) = (&got[r * k..][..k], &want[r * k..][..k]);
+        let mut visible: Vec<f32> = row
+            .iter()
+            .copied()
+            .filter(|v| *v != f32::NEG_INFINITY)
+            .collect();
+        visible.sort_by(|a, b| b.total_cmp(a));
+        let kk = k.min(visible.len());
+        if g == want && cnt[r] == kk as i64 {
+            rep.exact += 1;
+            continue;
+        }
+        match near_tie_only(row, g, cnt[r], kk, &visible, tol) {
+            Ok(()) => rep.tolerated += 1,
+            Err(e) => {
+                rep.failed += 1;
+                if rep.first_failure.is_none() {
+                    rep.first_failure = Some(format!("row {r}: {e}"));
+                }
+            }
+        }
+    }
+    rep
+}
+
+fn near_tie_only(
+    row: &[f32],
+    g: &[i64],
+    count: i64,
+    kk: usize,
+    visible: &[f32],
+    tol: Tol,
+) -> Result<(), String> {
+    if count != kk as i64 {
+        return Err(format!("count {count}, want {kk}"));
+    }
+    if let Some(slot) = g[kk..].iter().position(|&c| c != -1) {
+        return Err(format!(
+            "slot {} is {} past the count, want -1",
+            kk + slot,
+            g[kk + slot]
+        ));
+    }
+    let slack = |v: f32| tol.abs + tol.rel * v.abs();
+    let kth = if kk > 0 { visible[kk - 1] } else { 0.0 };
+    let mut prev = f32::INFINITY;
+    for (slot, &c) in g[..kk].iter().enumerate() {
+        let v = usize::try_from(c)
+            .ok()
+            .and_then(|c| row.get(c))
+            .copied()
+            .filter(|v| *v != f32::NEG_INFINITY)
+            .ok_or_else(|| format!("slot {slot} holds {c}, not a visible block"))?;
+        if g[..slot].contains(&c) {
+            return Err(format!("block {c} selected twice"));
+        }
+        if v < kth - slack(kth) {
+            return Err(format!("block {c} scores {v}, below the k-th best {kth}"));
+        }
+        if v > prev + slack(prev) {
+            return Err(format!(
+                "slot {slot} (block {c}, {v}) outranks slot {}",
+                slot - 1
+            ));
+        }
+        prev = v;
+    }
+    Ok(())
 }

@@ -92,3 +92,50 @@ fn selection_check_accepts_near_ties_only() {
         );
     }
 }
+
+#[test]
+fn topk_check_accepts_near_ties_only() {
+    use qsa_wgpu::testing::{check_topk, Tol};
+    let ninf = f32::NEG_INFINITY;
+    // Two rows of 6 blocks, k = 3; row 1 sees 2 blocks only. Blocks 1 and 4 of row 0 tie
+    // within the tolerance.
+    let scores = Tensor::from_f32(
+        DType::F32,
+        &[2, 6],
+        &[
+            0.5, 3.0, 1.0, 0.2, 2.9999, 2.0, 1.0, 2.0, ninf, ninf, ninf, ninf,
+        ],
+    );
+    let want = Tensor::from_i32(&[2, 3], &[1, 4, 5, 1, 0, -1]);
+    let count = Tensor::from_i32(&[2], &[3, 2]);
+    let tol = Tol {
+        abs: 1e-3,
+        rel: 1e-3,
+    };
+    let check = |idx: &[i32], cnt: &[i32]| {
+        check_topk(
+            &scores,
+            &Tensor::from_i32(&[2, 3], idx),
+            &Tensor::from_i32(&[2], cnt),
+            &want,
+            tol,
+        )
+    };
+    let r = check_topk(&scores, &want, &count, &want, tol);
+    assert_eq!((r.rows, r.exact, r.tolerated, r.failed), (2, 2, 0, 0));
+    let r = check(&[4, 1, 5, 1, 0, -1], &[3, 2]);
+    assert_eq!((r.exact, r.tolerated, r.failed), (1, 1, 0), "{r:?}");
+    for (idx, cnt, why) in [
+        (&[1, 4, 2, 1, 0, -1], &[3, 2], "below the k-th best"),
+        (&[1, 1, 5, 1, 0, -1], &[3, 2], "selected twice"),
+        (&[1, 5, 4, 1, 0, -1], &[3, 2], "outranks"),
+        (&[1, 4, 5, 1, 2, -1], &[3, 2], "not a visible block"),
+        (&[1, 4, 5, 1, 0, 3], &[3, 2], "past the count"),
+        (&[1, 4, 5, 1, 0, -1], &[3, 1], "count 1, want 2"),
+    ] {
+        let r = check(idx, cnt);
+        assert_eq!(r.failed, 1, "{idx:?} {cnt:?} passed");
+        let e = r.first_failure.unwrap();
+        assert!(e.contains(why), "{idx:?}: {e}");
+    }
+}

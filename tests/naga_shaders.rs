@@ -2,6 +2,8 @@
 //! GPU, for each storage type; every `<Op>Params` struct is checked against naga's layout of
 //! its WGSL twin. All failures are reported together, each with its shader's name.
 
+use qsa_wgpu::gpu::BenchCopyParams;
+use qsa_wgpu::nsa;
 use qsa_wgpu::ops::{
     block_score, block_topk, expand_route, nsa_compress, nsa_compress_attention,
     qsa_compress_paged, qsa_prepare, qsa_prepare_query, sparse_attention,
@@ -268,8 +270,46 @@ fn params_structs_match_wgsl_layout() {
                 has_sinks,
                 scale,
                 phases,
-                _pad0
+                ev,
+                dp,
+                _pad0,
+                _pad1
             ]
         );
     }
+    check_params!(
+        "bench_copy",
+        BenchCopyParams,
+        "BenchCopyParams",
+        [words, stride, _pad0, _pad1]
+    );
+    check_params!(
+        nsa::COMPRESS_SHADER,
+        nsa::NsaCompressPagedParams,
+        "NsaCompressPagedParams",
+        [
+            words,
+            total,
+            batches,
+            heads,
+            width,
+            head_dim,
+            plane_off,
+            page_size,
+            page_stride,
+            num_pages,
+            max_pages,
+            l,
+            d,
+            cmp_page,
+            cmp_blocks,
+            max_cmp_blocks
+        ]
+    );
+    check_params!(
+        nsa::EXPAND_SHADER,
+        nsa::NsaSelectExpandParams,
+        "NsaSelectExpandParams",
+        [t, hs, k, lsel, width, _pad0, _pad1, _pad2]
+    );
 }

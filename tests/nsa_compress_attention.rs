@@ -193,3 +193,38 @@ fn bsnd_padding_rows_are_zero_and_unselected() {
     }
     assert_eq!(got.topk, want.topk);
 }
+
+#[test]
+fn llvmpipe_loop_budget() {
+    // The paper's group (G = 16, Dqk = 192) fits llvmpipe's loop limit up to 7 tiles of 128
+    // compressed tokens (about 14,000 raw tokens); at 8 tiles it would silently stop short,
+    // so the call is refused there on llvmpipe. Other adapters have no such limit.
+    use qsa_wgpu::ops::nsa_compress_attention::{gpu, loop_iterations, validate};
+    use qsa_wgpu::ops::sparse_attention::LLVMPIPE_LOOP_BUDGET;
+    let ctx = util::ctx();
+    let mut rng = Rng::new(65);
+    let mut geo = paper(DType::F32, TND);
+    (geo.n1, geo.n2, geo.causal, geo.k) = (16, 1, false, 1);
+    let mut iters = Vec::new();
+    for c in [896, 1024] {
+        let p = Problem::new(&mut rng, geo.clone(), &[1], &[c], &[(c - 1) * 16 + 32]);
+        let prm = validate(&p.inputs(), &p.attrs()).unwrap().params();
+        iters.push(loop_iterations(&prm));
+        let llvmpipe = format!("{} {}", ctx.info.name, ctx.info.driver).contains("llvmpipe");
+        if c == 1024 && llvmpipe {
+            let e = pollster::block_on(gpu(&ctx, &p.inputs(), &p.attrs()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("actual_cmp_kv_len") && e.contains("llvmpipe"),
+                "{e}"
+            );
+        } else {
+            check(&ctx, &p, &format!("c = {c}"));
+        }
+    }
+    assert!(
+        iters[0] <= LLVMPIPE_LOOP_BUDGET && iters[1] > LLVMPIPE_LOOP_BUDGET,
+        "{iters:?}"
+    );
+}

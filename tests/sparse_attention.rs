@@ -1,18 +1,19 @@
 //! sparse_attention: GPU against the CPU reference for f32/f16/bf16 — Qwen3.8-Flash-Next's GQA
 //! shape at the full 2051-token width, MHA, Hs > 1 splitting KV groups, groups that take several
 //! passes, odd E and W, ragged batches mixing prefill and decode rows, multi-layer strided pools
-//! with shuffled pages whose unused memory is garbage; sinks; empty rows; a hand-checked case.
+//! with shuffled pages whose unused memory is garbage; sinks; empty rows; a hand-checked case;
+//! values narrower or wider than keys (`v_head_dim`, NSA's Dqk = 192 / Dv = 128).
 //! Through the device entry points: token-list splits and their boundaries, a pool in shards of
 //! whole pages (tokens spread over them, a bad page flagged), sinks merged after the splits,
-//! head chunks and channel blocks.
+//! head chunks and channel blocks, values of their own width over shards and splits.
 
 mod util;
 
 use qsa_wgpu::gpu::{GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
-    cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, pack_seqs, params,
-    plan_attention, scratch_buffer, validate, AttentionBuffers, ShardedAttentionBuffers,
-    SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
+    cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, heads_per_pass_kv,
+    pack_seqs, params_kv, plan_attention, scratch_buffer, validate, AttentionBuffers,
+    ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -31,6 +32,15 @@ struct Shape {
     layer: usize,
     /// Pages `stride_mul` packed pages apart.
     stride_mul: usize,
+    /// Value channels Ev; the pool's head_dim is max(E, Ev), the rest of each row garbage.
+    ev: usize,
+}
+
+impl Shape {
+    /// Channels of a pool row per head.
+    fn dp(&self) -> usize {
+        self.e.max(self.ev)
+    }
 }
 
 fn shape(h: usize, hkv: usize, hs: usize, e: usize, w: usize) -> Shape {
@@ -44,6 +54,7 @@ fn shape(h: usize, hkv: usize, hs: usize, e: usize, w: usize) -> Shape {
         layers: 1,
         layer: 0,
         stride_mul: 1,
+        ev: e,
     }
 }
 
@@ -61,7 +72,7 @@ struct Data {
 /// 0 ..= p in random order (often the full W); the slots past its count hold junk.
 fn data(rng: &mut Rng, s: &Shape, seqs: &[(usize, usize)], sinks: bool) -> Data {
     let rows: usize = seqs.iter().map(|x| x.1).sum();
-    let width = s.hkv * s.e;
+    let width = s.hkv * s.dp();
     let kv = seqs
         .iter()
         .map(|&(c, r)| (rng.normals((c + r) * width), rng.normals((c + r) * width)))
@@ -139,7 +150,7 @@ impl Problem {
 /// of `pages(s, d)`), `s.stride_mul` packed pages apart.
 fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Problem {
     let np = order.len();
-    let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.e);
+    let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.dp());
     let mut pool = PagedPool::new(layout, dt, order);
     pool.data = rng.tensor(dt, &[layout.required_elems()]);
     let mut ids = Vec::new();
@@ -147,7 +158,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
         let id = pool.add_sequence();
         pool.append(id, 0, s.layer, k).unwrap();
         pool.append(id, 1, s.layer, v).unwrap();
-        pool.commit(id, k.len() / (s.hkv * s.e));
+        pool.commit(id, k.len() / (s.hkv * s.dp()));
         ids.push(id);
     }
     let max_pages = d
@@ -167,7 +178,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
             strided.data[dst..dst + pe * es]
                 .copy_from_slice(&pool_t.data[i * pe * es..][..pe * es]);
         }
-        strided.shape = vec![np * s.stride_mul, 2, s.layers, s.page, s.hkv, s.e];
+        strided.shape = vec![np * s.stride_mul, 2, s.layers, s.page, s.hkv, s.dp()];
         pool_t = strided;
     }
     let rows: usize = d.seqs.iter().map(|x| x.1).sum();
@@ -192,6 +203,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
             scale: None,
             layer_idx: s.layer,
             page_stride: (s.stride_mul > 1).then_some((s.stride_mul * pe) as i64),
+            v_head_dim: (s.ev != s.e).then_some(s.ev),
         },
     }
 }
@@ -329,6 +341,7 @@ fn by_hand() {
         scale: Some(1.0),
         layer_idx: 0,
         page_stride: None,
+        v_head_dim: None,
     };
     let e = std::f32::consts::E;
     for (sinks, extra) in [(None, 0.0), (Some(&sink), 1.0)] {
@@ -372,7 +385,7 @@ fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
     let ctx = util::ctx();
     let x = p.inputs();
     let plan = validate(&x, &p.attrs).unwrap();
-    let mut prm: SparseAttentionParams = params(&plan.geo).unwrap();
+    let mut prm: SparseAttentionParams = params_kv(&plan.geo, plan.e, plan.ev).unwrap();
     if let Some(len) = run.split_len {
         prm.split_len = len;
         prm.splits = prm.w.div_ceil(len).max(1);
@@ -390,7 +403,7 @@ fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
     let seqs = up(&Tensor::from_u32(&[seqs.len()], &seqs));
     let (tokens, counts) = (up(x.token_indices), up(x.token_count));
     let sinks = x.sinks.map(up);
-    let shape = x.query.shape.clone();
+    let shape = vec![plan.geo.t, plan.geo.h, plan.ev];
     let out = GpuTensor::filled(&ctx, "out", plan.dt, &shape, 0xff).unwrap();
     let flags = up(&Tensor::from_u32(&[1], &[0]));
     let mut enc = ctx.device.create_command_encoder(&Default::default());
@@ -638,5 +651,173 @@ fn head_chunks_and_channel_blocks() {
             compare(&got, &want, attention_tol(dt))
                 .unwrap_or_else(|e| panic!("{dt} {s:?} splits {split_len:?}: {e}"));
         }
+    }
+}
+
+#[test]
+fn value_width_differs_from_key_width() {
+    // NSA's selected branch (H = 64, Hkv = Hs = 4, Dqk = 192, Dv = 128: 15 heads at most per
+    // workgroup, so two chunks of 8 per KV head), values wider than keys, several quads per lane on either side, and a strided
+    // multi-layer pool. The channels past E in K rows and past Ev in V rows are garbage.
+    let mut rng = Rng::new(192);
+    assert_eq!(heads_per_pass_kv(192, 128), 15);
+    let nsa = Shape {
+        ev: 128,
+        ..shape(64, 4, 4, 192, 300)
+    };
+    let shapes = [
+        nsa,
+        Shape {
+            ev: 72,
+            ..shape(6, 2, 3, 40, 70)
+        },
+        Shape {
+            ev: 300,
+            ..shape(8, 2, 1, 24, 33)
+        },
+        Shape {
+            ev: 5,
+            layers: 2,
+            layer: 1,
+            stride_mul: 2,
+            page: 7,
+            ..shape(12, 3, 2, 66, 19)
+        },
+    ];
+    let dts = [DType::BF16, DType::F32, DType::F16];
+    for (i, s) in shapes.iter().enumerate() {
+        let dt = dts[i % 3];
+        check(&mut rng, dt, s, &[(700, 1), (0, 9), (90, 4)], i % 2 == 1);
+    }
+    // The output has Ev channels; a pool whose head_dim is not max(E, Ev) is refused.
+    let s = Shape {
+        ev: 40,
+        ..shape(4, 2, 2, 24, 8)
+    };
+    let d = data(&mut rng, &s, &[(10, 2)], false);
+    let order = rng.permutation(pages(&s, &d));
+    let mut p = problem(&mut rng, DType::F32, &s, &d, order);
+    assert_eq!(cpu(&p.inputs(), &p.attrs).unwrap().shape, vec![2, 4, 40]);
+    for bad in [Some(8), Some(32), None] {
+        p.attrs.v_head_dim = bad;
+        let e = cpu(&p.inputs(), &p.attrs).unwrap_err().to_string();
+        assert!(e.contains("kv_blocks") && e.contains("head_dim"), "{e}");
+    }
+}
+
+#[test]
+fn value_width_over_shards_and_splits() {
+    // Values of their own width through the device entry points: NSA's selected branch at its
+    // full width W = k·l' = 1024 (H = 64, Hkv = Hs = 4, E = 192, Ev = 128: chunks of 8 heads,
+    // four phases), values wider than keys with two channel blocks (Ev = 1032 > 512), odd Ev,
+    // a strided multi-layer pool; pools in shards, lists in several splits.
+    let mut rng = Rng::new(193);
+    let shapes = [
+        (
+            DType::BF16,
+            Shape {
+                ev: 128,
+                ..shape(64, 4, 4, 192, 1024)
+            },
+        ),
+        (
+            DType::F32,
+            Shape {
+                ev: 1032,
+                ..shape(6, 2, 1, 40, 300)
+            },
+        ),
+        (
+            DType::F16,
+            Shape {
+                ev: 9,
+                layers: 2,
+                layer: 1,
+                stride_mul: 2,
+                page: 8,
+                ..shape(12, 3, 2, 66, 290)
+            },
+        ),
+    ];
+    for (dt, s) in shapes {
+        let d = data(&mut rng, &s, &[(1100, 1), (300, 2)], true);
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, dt, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        assert_eq!(want.shape, vec![3, s.h, s.ev]);
+        for run in [
+            Run::default(),
+            Run {
+                shard_pages: Some(7),
+                split_len: Some(256),
+                ..Default::default()
+            },
+        ] {
+            let (got, f) = run_device(&p, &run);
+            assert_eq!(f, 0, "{dt} {s:?}");
+            compare(&got, &want, attention_tol(dt))
+                .unwrap_or_else(|e| panic!("{dt} {s:?} shards {:?}: {e}", run.shard_pages));
+        }
+    }
+}
+
+#[test]
+fn value_width_refused_by_the_device_entry_points() {
+    // params_kv takes only a pool whose head_dim is max(E, Ev); a uniform block whose pool rows
+    // cannot hold E or Ev channels, or a pool buffer too small for its Dp-channel rows, is
+    // refused before anything is recorded.
+    let ctx = util::ctx();
+    let mut rng = Rng::new(194);
+    let s = Shape {
+        ev: 40,
+        ..shape(4, 2, 2, 24, 8)
+    };
+    let d = data(&mut rng, &s, &[(10, 2)], false);
+    let order = rng.permutation(pages(&s, &d));
+    let p = problem(&mut rng, DType::F32, &s, &d, order);
+    let x = p.inputs();
+    let plan = validate(&x, &p.attrs).unwrap();
+    for (e, ev) in [(24, 24), (24, 32), (48, 40), (24, 48)] {
+        let err = params_kv(&plan.geo, e, ev).unwrap_err().to_string();
+        assert!(err.contains("head_dim"), "E = {e}, Ev = {ev}: {err}");
+    }
+    let prm = params_kv(&plan.geo, 24, 40).unwrap();
+    assert_eq!((prm.e, prm.v_dim(), prm.pool_dim()), (24, 40, 40));
+    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
+    let query = up(x.query);
+    let seqs = up(&pack_seqs(&plan.offsets, &plan.cache, &plan.table));
+    let (tokens, counts) = (up(x.token_indices), up(x.token_count));
+    let out = GpuTensor::filled(&ctx, "out", DType::F32, &[2, 4, 40], 0).unwrap();
+    let flags = up(&Tensor::from_u32(&[1], &[0]));
+    let whole = up(x.kv_blocks);
+    // The same pool cut to rows of E channels: too small for Dp = 40.
+    let l = plan.geo.layout;
+    let short = Tensor::from_bytes(
+        DType::F32,
+        &[l.num_pages * l.page_stride * 24 / 40],
+        x.kv_blocks.data[..l.num_pages * l.page_stride * 24 / 40 * 4].to_vec(),
+    )
+    .unwrap();
+    let short = up(&short);
+    let bad_dp = SparseAttentionParams { dp: 32, ..prm };
+    for (prm, pool, what) in [
+        (bad_dp, &whole, "cannot hold"),
+        (prm, &short, "the call needs"),
+    ] {
+        let b = AttentionBuffers {
+            query: &query.buffer,
+            pool: &pool.buffer,
+            seqs: &seqs.buffer,
+            token_indices: &tokens.buffer,
+            token_count: &counts.buffer,
+            sinks: None,
+            out: &out.buffer,
+            flags: &flags.buffer,
+        };
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let err = pollster::block_on(encode_attention(&ctx, &mut enc, DType::F32, &prm, &b))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kv_blocks") && err.contains(what), "{err}");
     }
 }

@@ -4,7 +4,7 @@
 //! life; a counter lets tests prove that a steady-state step builds none.
 
 use crate::error::{Error, Result};
-use crate::shaders;
+use crate::shaders::{self, ShaderTarget};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,6 +49,8 @@ pub struct PipelineCache {
     map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
     created: AtomicUsize,
     bind_groups: AtomicUsize,
+    /// Who compiles the shaders given to the device.
+    target: ShaderTarget,
 }
 
 /// Kind of one reflected binding.
@@ -84,6 +86,14 @@ pub fn reflect(module: &naga::Module, entry: &str) -> Option<Reflection> {
 }
 
 impl PipelineCache {
+    /// An empty cache whose shaders are compiled by `target`.
+    pub fn new(target: ShaderTarget) -> PipelineCache {
+        PipelineCache {
+            target,
+            ..Default::default()
+        }
+    }
+
     /// Number of pipelines built so far.
     pub fn created(&self) -> usize {
         self.created.load(Ordering::Relaxed)
@@ -107,15 +117,20 @@ impl PipelineCache {
         if let Some(p) = self.map.lock().unwrap().get(key) {
             return Ok(p.clone());
         }
-        let built = Arc::new(build(device, key).await?);
+        let built = Arc::new(build(device, key, self.target).await?);
         self.created.fetch_add(1, Ordering::Relaxed);
         self.map.lock().unwrap().insert(key.clone(), built.clone());
         Ok(built)
     }
 }
 
-async fn build(device: &wgpu::Device, key: &PipelineKey) -> Result<CachedPipeline> {
+async fn build(
+    device: &wgpu::Device,
+    key: &PipelineKey,
+    target: ShaderTarget,
+) -> Result<CachedPipeline> {
     let name = format!("qsa.{}", key.shader);
+    // naga reads the shader for reflection; the device gets it in its compiler's dialect.
     let src = shaders::assemble(key.shader)?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| {
         log::error!("final WGSL of `{}`:\n{src}", key.shader);
@@ -146,10 +161,11 @@ async fn build(device: &wgpu::Device, key: &PipelineKey) -> Result<CachedPipelin
             count: None,
         })
         .collect();
+    let device_src = shaders::for_target(src, target);
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(&name),
-        source: wgpu::ShaderSource::Wgsl(src.clone().into()),
+        source: wgpu::ShaderSource::Wgsl(device_src.as_str().into()),
     });
     let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(&name),
@@ -173,7 +189,7 @@ async fn build(device: &wgpu::Device, key: &PipelineKey) -> Result<CachedPipelin
         cache: None,
     });
     if let Some(e) = scope.pop().await {
-        log::error!("final WGSL of `{}`:\n{src}", key.shader);
+        log::error!("final WGSL of `{}`:\n{device_src}", key.shader);
         return Err(Error::Shader {
             name: key.shader.to_string(),
             msg: format!("{} ({:?}): {e}", key.entry, key.constants),

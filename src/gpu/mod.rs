@@ -3,13 +3,16 @@
 
 mod buffers;
 mod cache;
+mod copy;
 mod timer;
 
 pub use buffers::{GpuTensor, Readback};
 pub use cache::{CachedPipeline, PipelineCache, PipelineKey};
+pub use copy::{copy_bandwidth, BenchCopyParams};
 pub use timer::Timer;
 
 use crate::error::{Error, Result};
+use crate::shaders::ShaderTarget;
 use std::sync::Arc;
 
 /// How to pick the adapter.
@@ -105,6 +108,7 @@ impl Context {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let target = ShaderTarget::of(info.backend);
         Ok(Arc::new(Context {
             instance,
             adapter,
@@ -113,7 +117,7 @@ impl Context {
             info,
             limits,
             caps,
-            cache: PipelineCache::default(),
+            cache: PipelineCache::new(target),
             dummy,
         }))
     }

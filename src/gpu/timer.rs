@@ -58,6 +58,39 @@ impl Timer {
         })
     }
 
+    /// Opens a span of stage `label` around passes recorded by someone else: an empty pass
+    /// that writes the start timestamp; [`Timer::end_span`] writes the end.
+    pub fn begin_span(&mut self, enc: &mut wgpu::CommandEncoder, label: &'static str) {
+        let i = self.labels.len() as u32 * 2;
+        if i + 2 > self.capacity {
+            return;
+        }
+        self.labels.push(label);
+        enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("qsa.timer.begin"),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: &self.set,
+                beginning_of_pass_write_index: Some(i),
+                end_of_pass_write_index: None,
+            }),
+        });
+    }
+
+    /// Closes the span opened last by [`Timer::begin_span`].
+    pub fn end_span(&self, enc: &mut wgpu::CommandEncoder) {
+        let Some(last) = (self.labels.len() as u32).checked_sub(1) else {
+            return;
+        };
+        enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("qsa.timer.end"),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: &self.set,
+                beginning_of_pass_write_index: None,
+                end_of_pass_write_index: Some(2 * last + 1),
+            }),
+        });
+    }
+
     /// Records the resolve of this submission's timestamps (call before submitting).
     pub fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
         let n = self.labels.len() as u32 * 2;

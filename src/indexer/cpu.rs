@@ -4,7 +4,7 @@
 
 use super::QsaIndexer;
 use crate::error::Result;
-use crate::ops::{self, AttrMap, Exec, TensorMap};
+use crate::ops::{self, AttrMap, TensorMap};
 use crate::tensor::Tensor;
 
 impl QsaIndexer {
@@ -33,7 +33,7 @@ impl QsaIndexer {
             ("norm_weight_offset", j(c.q_norm_offset.into())),
         ];
         let a = a.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        let q = cpu_op("qsa_prepare_query", &m, &a)?
+        let q = ops::run_cpu("qsa_prepare_query", &m, &a)?
             .remove("index_query")
             .unwrap();
 
@@ -52,17 +52,19 @@ impl QsaIndexer {
         if let Some(s) = c.scale {
             a.insert("scale".into(), j(s.into()));
         }
-        let scores = cpu_op("block_score", &m, &a)?.remove("scores").unwrap();
+        let scores = ops::run_cpu("block_score", &m, &a)?
+            .remove("scores")
+            .unwrap();
         let scores_kept = scores.clone();
         let m = TensorMap::from([("scores".to_string(), scores)]);
         let a = [("k".to_string(), j(c.k.into()))].into_iter().collect();
-        let mut sel = cpu_op("block_topk", &m, &a)?;
+        let mut sel = ops::run_cpu("block_topk", &m, &a)?;
         let mut m = TensorMap::new();
         m.insert("block_indices".into(), sel["block_indices"].clone());
         m.insert("block_count".into(), sel["block_count"].clone());
         m.insert("positions".into(), Tensor::from_i32(&[t], &positions));
         let a = [("ratio".to_string(), j(c.r.into()))].into_iter().collect();
-        let route = cpu_op("expand_route", &m, &a)?;
+        let route = ops::run_cpu("expand_route", &m, &a)?;
         sel.extend(route);
         sel.insert("scores".into(), scores_kept);
         Ok(sel)
@@ -107,7 +109,9 @@ impl QsaIndexer {
         if let Some(s) = kv.cfg.scale {
             a.insert("scale".into(), s.into());
         }
-        let out = cpu_op("sparse_attention", &m, &a)?.remove("out").unwrap();
+        let out = ops::run_cpu("sparse_attention", &m, &a)?
+            .remove("out")
+            .unwrap();
         sel.insert("out".into(), out);
         Ok(sel)
     }
@@ -184,7 +188,9 @@ impl QsaIndexer {
         if let Some(s) = kv.cfg.scale {
             a.insert("scale".into(), s.into());
         }
-        Ok(cpu_op("sparse_attention", &m, &a)?.remove("out").unwrap())
+        Ok(ops::run_cpu("sparse_attention", &m, &a)?
+            .remove("out")
+            .unwrap())
     }
 
     /// [`extend`](QsaIndexer::extend) on the CPU: compresses the blocks the appended keys
@@ -224,16 +230,10 @@ impl QsaIndexer {
             ("norm_weight_offset", j(c.k_norm_offset.into())),
         ];
         let a = a.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        let new_keys = cpu_op("qsa_compress_paged", &m, &a)?
+        let new_keys = ops::run_cpu("qsa_compress_paged", &m, &a)?
             .remove("block_keys")
             .unwrap();
         self.block_keys.data[..bytes].copy_from_slice(&new_keys.data);
         Ok(new_keys)
     }
-}
-
-/// Runs a CPU reference through the registry. The CPU path never waits on anything, so the
-/// future completes on its first poll (also in the browser, where nothing may block).
-fn cpu_op(op: &str, m: &TensorMap, a: &AttrMap) -> Result<TensorMap> {
-    futures::executor::block_on(ops::run(op, m, a, Exec::Cpu))
 }

@@ -70,6 +70,9 @@ impl StepBuffers {
 /// The selections of one step, on the device: views of the layer's output buffers, valid
 /// until the next step overwrites them. [`StepOutputs::read`] brings them back.
 pub struct StepOutputs {
+    /// `[T, Hs, max_blocks]` f32, −inf past each row's visible blocks (what top-k chose
+    /// from); kept only when the step's scores fit one row chunk (`None` otherwise).
+    pub scores: Option<GpuTensor>,
     /// `[T, Hs, k]` i32.
     pub block_indices: GpuTensor,
     /// `[T, Hs]` i32.
@@ -463,6 +466,8 @@ impl QsaIndexer {
     fn outputs(&self, t: usize) -> StepOutputs {
         let (b, c) = (&self.bufs, &self.cfg);
         StepOutputs {
+            scores: (t > 0 && t <= b.chunk_rows)
+                .then(|| view(&b.scores, &[t, c.hs, self.max_blocks])),
             block_indices: view(&b.block_indices, &[t, c.hs, c.k]),
             block_count: view(&b.block_count, &[t, c.hs]),
             token_indices: view(&b.token_indices, &[t, c.hs, c.route_width()]),

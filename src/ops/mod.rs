@@ -122,6 +122,15 @@ pub async fn run(
     }
 }
 
+/// Runs operator `op` on the CPU reference, synchronously on every target (the CPU path of
+/// [`run`] never waits, so its future is ready on the first poll; no executor is needed).
+pub fn run_cpu(op: &str, inputs: &TensorMap, attrs: &AttrMap) -> Result<TensorMap> {
+    use futures::FutureExt;
+    run(op, inputs, attrs, Exec::Cpu)
+        .now_or_never()
+        .expect("the CPU path of ops::run does not wait")
+}
+
 /// Blocking wrapper of [`run`] for native callers.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn run_blocking(

@@ -1,7 +1,10 @@
 //! The `qsa` command line: `info` (adapter and limits), `run` (replay a case file), `demo`
-//! (the main job: a synthetic Qwen3.8-Flash-Next indexer layer checked against the CPU).
+//! (the main job: a synthetic Qwen3.8-Flash-Next indexer layer checked against the CPU),
+//! `bench` (the PyTorch peer's presets, timed).
 
+mod bench;
 mod demo;
+mod demo_nsa;
 
 use clap::{Parser, Subcommand};
 use qsa_wgpu::case::{serialize, Case};
@@ -41,6 +44,8 @@ enum Cmd {
     },
     /// The main job: a synthetic indexer layer, every step checked against the CPU (default).
     Demo(demo::DemoArgs),
+    /// Time the PyTorch peer's presets on the GPU (and, with --peer, the peer itself).
+    Bench(bench::BenchArgs),
 }
 
 fn context(backend: &Option<String>) -> Result<std::sync::Arc<Context>> {
@@ -119,6 +124,7 @@ fn main() -> ExitCode {
         Some(Cmd::Info) => info(&cli.backend),
         Some(Cmd::Run { case, output, cpu }) => run_case(&cli.backend, &case, &output, cpu),
         Some(Cmd::Demo(args)) => demo::run(&cli.backend, &args),
+        Some(Cmd::Bench(args)) => bench::run(&cli.backend, &args),
         None => demo::run(&cli.backend, &demo::DemoArgs::default()),
     };
     match res {

@@ -1,6 +1,8 @@
 //! The GPU path of `nsa_compress_attention`: two dispatches recorded into one encoder — the
 //! attention and selection-score stage (`shaders/nsa_compress_attention.wgsl`), then the
 //! `block_topk` selection over the `[rows · N2, W]` scores (whose order is exactly SPEC §0's).
+//! [`dispatch_nsa_compress_attention`] describes both for a caller that records them through a
+//! `BindCache` (the NSA selector); [`encode_nsa_compress_attention`] records them directly.
 
 use super::{validate, NsaCompressAttentionAttrs, NsaCompressAttentionInputs};
 use super::{NsaCompressAttentionOutputs, Plan, MAX_DQK, MAX_DV, OP};
@@ -8,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::ops::block_topk::{self, BlockTopkParams};
 use crate::ops::common::*;
+use crate::ops::sparse_attention::{LLVMPIPE_LOOP_BUDGET, LLVMPIPE_LOOP_LIMIT};
 use crate::tensor::{DType, Tensor};
 
 /// Uniform parameters; layout checked against the WGSL struct by a test.
@@ -40,6 +43,37 @@ pub struct NsaCompressAttentionParams {
     pub scale: f32,
     pub _pad0: u32,
     pub _pad1: u32,
+}
+
+/// Stage names of the two dispatches, for `BindCache::record` and GPU timing.
+pub const STAGES: [&str; 2] = ["compress_attention", "select_topk"];
+
+/// Invocations per workgroup of the attention stage (`WG` in the WGSL).
+const WG: u64 = 128;
+
+/// Loop iterations one invocation of the attention stage runs at most, as llvmpipe counts them
+/// (a loop of n iterations costs n + 1; the four-channel loops, of constant trip count, are
+/// unrolled and cost nothing: measured on Mesa 22.3, where G = 16, Dqk = 192 fails past seven
+/// tiles of 128 compressed tokens, G = 16, Dqk = 64 past twelve). Per query head of the group,
+/// each tile of 128 compressed tokens costs two logits of Dqk + 1 and the V loop of 129.
+pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
+    let g = (p.n1 / p.n2.max(1)) as u64;
+    let (dqk, tiles) = (p.dqk as u64, (p.c_max as u64).div_ceil(WG));
+    let head = tiles * (2 * dqk + WG + 4) + dqk / WG + 12;
+    let select = ((p.w as u64).div_ceil(WG) + 1) * ((p.lsel + p.l) / p.d.max(1) + 1) as u64;
+    g * head + select + (p.c_max as u64 / (p.page.max(1) as u64)) / WG + 64
+}
+
+impl NsaCompressAttentionParams {
+    /// The parameters of the selection stage: the top-k of the `[rows · N2, W]` scores.
+    pub fn topk_params(&self) -> BlockTopkParams {
+        BlockTopkParams {
+            rows: self.rows * self.n2,
+            w: self.w,
+            k: self.k,
+            out_base: 0,
+        }
+    }
 }
 
 impl Plan {
@@ -98,17 +132,33 @@ pub struct NsaAttnBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records both stages into `enc`. Lengths and block-table entries are read on the device:
-/// a row whose values are out of range is skipped and raises a flag (page slot, page, or NSA
-/// lengths) instead of reading out of bounds.
-pub async fn encode_nsa_compress_attention(
-    ctx: &Context,
-    enc: &mut wgpu::CommandEncoder,
+/// Describes both stages, named by [`STAGES`]: the attention and selection-score dispatch,
+/// then the `block_topk` selection with `sel` (= [`NsaCompressAttentionParams::topk_params`]).
+/// Parameters and buffer sizes are checked here, before anything is recorded. Lengths and
+/// block-table entries are read on the device: a row whose values are out of range is skipped
+/// and raises a flag (page slot, page, or NSA lengths) instead of reading out of bounds.
+pub fn dispatch_nsa_compress_attention<'a>(
+    ctx: &'a Context,
     dt: DType,
-    prm: &NsaCompressAttentionParams,
-    b: &NsaAttnBuffers<'_>,
-) -> Result<()> {
+    prm: &'a NsaCompressAttentionParams,
+    sel: &'a BlockTopkParams,
+    b: &NsaAttnBuffers<'a>,
+) -> Result<[(&'static str, Dispatch<'a>); 2]> {
     let bad = |what: &str, msg: String| Err(Error::input(OP, what, msg));
+    let driver = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
+    let (limit, budget) = (LLVMPIPE_LOOP_LIMIT, LLVMPIPE_LOOP_BUDGET);
+    if driver.contains("llvmpipe") && loop_iterations(prm) > budget {
+        return bad(
+            "actual_cmp_kv_len",
+            format!(
+                "{} compressed tokens with G = {} and Dqk = {} need up to {} loop iterations per invocation; llvmpipe stops loops after {limit}",
+                prm.c_max,
+                prm.n1 / prm.n2.max(1),
+                prm.dqk,
+                loop_iterations(prm)
+            ),
+        );
+    }
     let heads_ok = prm.n2 > 0 && prm.n1.is_multiple_of(prm.n2);
     if !heads_ok || prm.dqk as usize > MAX_DQK || prm.dv as usize > MAX_DV {
         return bad(
@@ -151,34 +201,46 @@ pub async fn encode_nsa_compress_attention(
             );
         }
     }
-    encode(
-        ctx,
-        enc,
-        Dispatch {
-            key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-            params: bytemuck::bytes_of(prm),
-            buffers: vec![
-                b.query,
-                b.key,
-                b.value,
-                b.block_table,
-                b.lens,
-                b.out,
-                b.psum,
-                b.scores,
-                b.flags,
-            ],
-            groups: rows as u32,
-        },
-    )
-    .await?;
-    let sel = BlockTopkParams {
-        rows: rows as u32,
-        w: prm.w,
-        k: prm.k,
-        out_base: 0,
+    if (sel.rows, sel.w, sel.k, sel.out_base) != (rows as u32, prm.w, prm.k, 0) {
+        return bad(
+            "params",
+            format!("selection params {sel:?} do not match the attention's"),
+        );
+    }
+    let attention = Dispatch {
+        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![
+            b.query,
+            b.key,
+            b.value,
+            b.block_table,
+            b.lens,
+            b.out,
+            b.psum,
+            b.scores,
+            b.flags,
+        ],
+        groups: rows as u32,
     };
-    block_topk::encode_topk(ctx, enc, &sel, b.scores, b.topk, b.count).await
+    let topk = block_topk::dispatch_topk(ctx, sel, b.scores, b.topk, b.count)?;
+    Ok([(STAGES[0], attention), (STAGES[1], topk)])
+}
+
+/// Records both stages of [`dispatch_nsa_compress_attention`] into `enc`, with fresh bind
+/// groups.
+pub async fn encode_nsa_compress_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &NsaCompressAttentionParams,
+    b: &NsaAttnBuffers<'_>,
+) -> Result<()> {
+    let sel = prm.topk_params();
+    for (_, d) in dispatch_nsa_compress_attention(ctx, dt, prm, &sel, b)? {
+        encode(ctx, enc, d).await?;
+    }
+    Ok(())
 }
 
 /// Runs on the GPU: uploads, both stages in one submission, checked readback.

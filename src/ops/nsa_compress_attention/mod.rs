@@ -10,7 +10,10 @@ mod gpu;
 mod validate;
 
 pub use cpu::{cpu, reference};
-pub use gpu::{encode_nsa_compress_attention, gpu, NsaAttnBuffers, NsaCompressAttentionParams};
+pub use gpu::{
+    dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, loop_iterations,
+    NsaAttnBuffers, NsaCompressAttentionParams, STAGES,
+};
 pub use validate::validate;
 
 use super::common::*;

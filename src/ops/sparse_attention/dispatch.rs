@@ -45,11 +45,18 @@ pub fn heads_per_pass(e: usize) -> usize {
         .unwrap_or(0)
 }
 
-/// Token phases of the V step at head dim `e`: groups of 64 / phases invocations, each taking
-/// every phases-th row of a round, so that one group's two quads per invocation cover E (up to
-/// 8 phases; E > 512 takes several channel blocks).
-pub fn phases(e: usize) -> usize {
-    let e4 = e.div_ceil(4);
+/// [`heads_per_pass`] for queries and keys of E channels and values of Ev channels: the values'
+/// width does not change it (the workgroup array holds queries and weights; accumulators are
+/// registers of the V step's channel quads). 15 at NSA's E = 192, Ev = 128.
+pub fn heads_per_pass_kv(e: usize, _ev: usize) -> usize {
+    heads_per_pass(e)
+}
+
+/// Token phases of the V step at value width `ev`: groups of 64 / phases invocations, each
+/// taking every phases-th row of a round, so that one group's two quads per invocation cover Ev
+/// (up to 8 phases; Ev > 512 takes several channel blocks).
+pub fn phases(ev: usize) -> usize {
+    let e4 = ev.div_ceil(4);
     let mut f = 1;
     while f < 8 && (LANES / (2 * f)) * QUADS_PER_LANE >= e4 {
         f *= 2;
@@ -59,7 +66,8 @@ pub fn phases(e: usize) -> usize {
 
 /// Loop iterations one invocation of the partial pass runs at most, as llvmpipe counts them (a
 /// loop of n iterations costs n + 1), with a margin: the setup, then per tile of the split the
-/// copy of its rows, the score loop over E's quad pairs and the rounds of the V step.
+/// copy of its rows, the score loop over E's quad pairs and the rounds of the V step (whose
+/// length, rows / phases, follows Ev).
 pub fn loop_iterations(p: &SparseAttentionParams) -> u64 {
     let lanes = LANES as u64;
     let e4 = (p.e as u64).div_ceil(4);
@@ -90,7 +98,8 @@ pub struct AttentionGeometry {
     pub hs: usize,
     /// Token slots per (row, group): the last axis W of `token_indices`.
     pub w: usize,
-    /// The main pool; its `num_kv_heads` is Hkv and its `head_dim` is E.
+    /// The main pool; its `num_kv_heads` is Hkv and its `head_dim` is E ([`params`]), or
+    /// max(E, Ev) ([`params_kv`]).
     pub layout: PoolLayout,
     pub layer_idx: usize,
     /// Columns of the page table.
@@ -120,7 +129,7 @@ pub struct SparseAttentionParams {
     pub segs: u32,
     /// Head chunks per (KV head, selection group) segment.
     pub chunks: u32,
-    /// Channel blocks of the V step, (64 / phases) · 2 quads each.
+    /// Channel blocks of the V step, (64 / phases) · 2 quads of Ev each.
     pub cblocks: u32,
     /// Token-list splits per (row, KV head, part).
     pub splits: u32,
@@ -144,12 +153,35 @@ pub struct SparseAttentionParams {
     pub rows: u32,
     pub has_sinks: u32,
     pub scale: f32,
-    /// Token phases of the V step ([`phases`]).
+    /// Token phases of the V step ([`phases`] of Ev).
     pub phases: u32,
+    /// Value and output channels Ev; 0 means E.
+    pub ev: u32,
+    /// Channels of one pool row per head, max(E, Ev); 0 means E.
+    pub dp: u32,
     pub _pad0: u32,
+    pub _pad1: u32,
 }
 
 impl SparseAttentionParams {
+    /// Ev (E when `ev` is 0).
+    pub fn v_dim(&self) -> u32 {
+        if self.ev == 0 {
+            self.e
+        } else {
+            self.ev
+        }
+    }
+
+    /// Channels of a pool row per head (E when `dp` is 0).
+    pub fn pool_dim(&self) -> u32 {
+        if self.dp == 0 {
+            self.e
+        } else {
+            self.dp
+        }
+    }
+
     /// Workgroups per row of the partial pass, splits aside: Hkv · segments · head chunks ·
     /// channel blocks.
     pub fn parts_per_row(&self) -> u32 {
@@ -161,9 +193,9 @@ impl SparseAttentionParams {
         self.rows * self.parts_per_row() * self.splits
     }
 
-    /// Workgroups of the combine: rows · H · blocks of 64 channel quads.
+    /// Workgroups of the combine: rows · H · blocks of 64 channel quads of Ev.
     pub fn combine_groups(&self) -> u32 {
-        self.rows * self.h * self.e.div_ceil(4).div_ceil(LANES as u32)
+        self.rows * self.h * self.v_dim().div_ceil(4).div_ceil(LANES as u32)
     }
 
     /// Partial results per (row, head): splits · phases.
@@ -211,10 +243,26 @@ impl SparseAttentionParams {
 /// The uniform block of a call over one pool buffer, with the rules the shaders rely on: Hkv
 /// and Hs divide H, E ≤ [`MAX_E`], and every element index fits in u32. It picks the head
 /// chunks (at most [`heads_per_pass`] heads, balanced), the channel blocks and the splits.
+/// Queries, keys, values and the output all have the pool's `head_dim` channels.
 pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
+    params_kv(g, g.layout.head_dim, g.layout.head_dim)
+}
+
+/// [`params`] for queries and keys of `e` channels and values (and the output) of `ev`
+/// channels, read from a pool whose `head_dim` is max(E, Ev): K in the first E channels of its
+/// row, V in the first Ev (NSA's Dqk = 192, Dv = 128; MLA-style caches).
+pub fn params_kv(g: &AttentionGeometry, e: usize, ev: usize) -> Result<SparseAttentionParams> {
     let l = g.layout;
-    let (h, hkv, hs, e) = (g.h, l.num_kv_heads, g.hs, l.head_dim);
+    let (h, hkv, hs) = (g.h, l.num_kv_heads, g.hs);
     check_di(OP, "query", e)?;
+    check_di(OP, "v_head_dim", ev)?;
+    if e.max(ev) != l.head_dim {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("head_dim {} must be max(E = {e}, Ev = {ev})", l.head_dim),
+        ));
+    }
     if h == 0 || hkv == 0 || hs == 0 || h % hkv != 0 || h % hs != 0 {
         return Err(Error::input(
             OP,
@@ -227,7 +275,7 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
             .map_err(|_| Error::input(OP, name, format!("{elems} elements exceed u32 addressing")))
     };
     fits("kv_blocks", l.required_elems())?;
-    fits("query", g.t * h * e)?;
+    fits("query", g.t * h * e.max(ev))?;
     fits("token_indices", g.t * hs * g.w)?;
     fits("page_table", 2 * g.n + 1 + g.n * g.max_pages)?;
     // A segment: the heads of one KV group that share one selection group (one token list).
@@ -253,7 +301,7 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
         hc: longest.div_ceil(chunks) as u32,
         segs: segs as u32,
         chunks: chunks as u32,
-        cblocks: e.div_ceil(4).div_ceil(LANES / phases(e) * QUADS_PER_LANE) as u32,
+        cblocks: ev.div_ceil(4).div_ceil(LANES / phases(ev) * QUADS_PER_LANE) as u32,
         page_size: l.page_size as u32,
         page_stride: l.page_stride as u32,
         num_pages: l.num_pages as u32,
@@ -267,12 +315,17 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
         rows: g.t as u32,
         has_sinks: g.has_sinks as u32,
         scale: g.scale.unwrap_or(1.0 / (e as f32).sqrt()),
-        phases: phases(e) as u32,
+        phases: phases(ev) as u32,
+        ev: ev as u32,
+        dp: l.head_dim as u32,
         ..Default::default()
     };
     p.choose_splits(LANES);
     let groups = g.t * p.parts_per_row() as usize * p.splits as usize;
-    fits("query", groups.max(g.t * h * e.div_ceil(4).div_ceil(LANES)))?;
+    fits(
+        "query",
+        groups.max(g.t * h * ev.div_ceil(4).div_ceil(LANES)),
+    )?;
     Ok(p)
 }
 

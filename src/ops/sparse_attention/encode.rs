@@ -23,7 +23,8 @@ pub const MAX_SHARDS: usize = 64;
 pub struct AttentionBuffers<'a> {
     /// `[T, H, E]` T.
     pub query: &'a wgpu::Buffer,
-    /// The main pool, `[num_pages, 2, layers, page_size, Hkv, E]` T, pages `page_stride` apart.
+    /// The main pool, `[num_pages, 2, layers, page_size, Hkv, Dp]` T (Dp = max(E, Ev)), pages
+    /// `page_stride` apart.
     pub pool: &'a wgpu::Buffer,
     /// [`pack_seqs`]: row_offsets, cache_lengths, page table.
     pub seqs: &'a wgpu::Buffer,
@@ -33,7 +34,7 @@ pub struct AttentionBuffers<'a> {
     pub token_count: &'a wgpu::Buffer,
     /// `[H]` f32, or `None` (then `params.has_sinks` must be 0).
     pub sinks: Option<&'a wgpu::Buffer>,
-    /// `[T, H, E]` T, every element written.
+    /// `[T, H, Ev]` T, every element written.
     pub out: &'a wgpu::Buffer,
     /// The flag word (`shaders/common/flags.wgsl`); read with `read_checked`.
     pub flags: &'a wgpu::Buffer,
@@ -109,9 +110,10 @@ pub struct AttentionPlan {
     pub routes_bytes: u64,
 }
 
-/// Bytes of one partial result: E4 channel quads and (m, l), in f32 vec4s.
+/// Bytes of one partial result: Ev4 channel quads and an (m, l) per channel block, in f32
+/// vec4s.
 fn record_bytes(p: &SparseAttentionParams) -> u64 {
-    ((p.e as u64).div_ceil(4) + 1) * 16
+    ((p.v_dim() as u64).div_ceil(4) + p.cblocks.max(1) as u64) * 16
 }
 
 /// Plans a call from its uniform block ([`params`]) for a pool in shards of `shard_pages`
@@ -209,15 +211,16 @@ pub fn plan_attention(
     })
 }
 
-/// Whether 16-bit channel quads of every query and output row are whole words.
-fn align2(dt: DType, p: &SparseAttentionParams) -> u32 {
-    (dt.size() == 2 && p.e.is_multiple_of(2)) as u32
+/// Whether 16-bit channel quads of every row of `width` channels (queries: E, outputs: Ev)
+/// are whole words.
+fn align2(dt: DType, width: u32) -> u32 {
+    (dt.size() == 2 && width.is_multiple_of(2)) as u32
 }
 
-/// Whether every K and V row starts on a whole 16-byte word of the pool.
+/// Whether every K and V row (Dp channels per head) starts on a whole 16-byte word of the pool.
 fn vec_rows(dt: DType, p: &SparseAttentionParams) -> u32 {
     let m = 16 / dt.size() as u32;
-    (p.e.is_multiple_of(m) && p.page_stride.is_multiple_of(m)) as u32
+    (p.pool_dim().is_multiple_of(m) && p.page_stride.is_multiple_of(m)) as u32
 }
 
 /// Describes every dispatch of `plan` over `b`, paired with its step. Buffers too small for the
@@ -241,8 +244,8 @@ pub fn dispatch_attention<'a>(
                 OP,
                 "token_indices",
                 format!(
-                    "W = {} (splits of {}) with E = {} needs up to {} loop iterations per invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_LIMIT}",
-                    prm.w, prm.split_len, prm.e, n.max(r)
+                    "W = {} (splits of {}) with E = {}, Ev = {} needs up to {} loop iterations per invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_LIMIT}",
+                    prm.w, prm.split_len, prm.e, prm.v_dim(), n.max(r)
                 ),
             ));
         }
@@ -273,13 +276,21 @@ pub fn dispatch_attention<'a>(
     }
     let es = dt.size() as u64;
     let (t, h, e, n) = (prm.t as u64, prm.h as u64, prm.e as u64, prm.n as u64);
+    let (ev, dp) = (prm.v_dim() as u64, prm.pool_dim() as u64);
+    if ev > dp || e > dp {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("pool rows of {dp} channels cannot hold E = {e} and Ev = {ev}"),
+        ));
+    }
     let rows = t * prm.hs as u64;
     let mut need = vec![
         ("query", b.query, t * h * e * es),
         ("seqs", b.seqs, (2 * n + 1 + n * prm.max_pages as u64) * 4),
         ("token_indices", b.token_indices, rows * prm.w as u64 * 4),
         ("token_count", b.token_count, rows * 4),
-        ("out", b.out, t * h * e * es),
+        ("out", b.out, t * h * ev * es),
         ("partials", b.partials, plan.partials_bytes),
         ("routes", b.routes, plan.routes_bytes),
     ];
@@ -287,7 +298,7 @@ pub fn dispatch_attention<'a>(
         let pages = sp.min(np - (k as u64 * sp).min(np));
         let elems = pages.saturating_sub(1) * prm.page_stride as u64
             + prm.v_off as u64
-            + prm.page_size as u64 * prm.hkv as u64 * e;
+            + prm.page_size as u64 * prm.hkv as u64 * dp;
         // The shader reads the pool in 16-byte words.
         need.push(("kv_blocks", buf, (elems * es).div_ceil(16) * 16));
     }
@@ -304,7 +315,11 @@ pub fn dispatch_attention<'a>(
             ));
         }
     }
-    let (a2, vec) = (align2(dt, prm), vec_rows(dt, prm));
+    let (a2q, a2o, vec) = (
+        align2(dt, prm.e),
+        align2(dt, prm.v_dim()),
+        vec_rows(dt, prm),
+    );
     let mut out = Vec::new();
     for step in &plan.steps {
         let p = &step.params;
@@ -318,7 +333,7 @@ pub fn dispatch_attention<'a>(
             COMBINE => Dispatch {
                 key: PipelineKey::new(COMBINE, "main")
                     .with("T_KIND", dt.shader_kind())
-                    .with("ALIGN2", a2),
+                    .with("ALIGN2", a2o),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.partials, b.sinks.unwrap_or(&ctx.dummy), b.out],
                 groups: p.combine_groups(),
@@ -327,7 +342,7 @@ pub fn dispatch_attention<'a>(
                 key: PipelineKey::new(OP, "main")
                     .with("T_KIND", dt.shader_kind())
                     .with("HQ", p.head_quads())
-                    .with("ALIGN2", a2)
+                    .with("ALIGN2", a2q)
                     .with("VEC", vec),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.query, b.pool[step.shard], b.routes, b.partials],

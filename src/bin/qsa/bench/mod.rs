@@ -1,0 +1,173 @@
+//! `qsa bench`: the presets of the PyTorch peer (`torch_peer.py`), same geometry and data
+//! sizes, each in f32 and bf16, timed on the GPU. For every preset and stage: GPU time from
+//! timestamp queries when the adapter has them, wall time per step (submission to results
+//! ready on the device; median and min of N runs after two warm-ups), bytes the step must read
+//! and FLOPs, achieved GB/s and GFLOP/s, and the share of the adapter's own copy bandwidth
+//! (measured in the same run). A table on stdout, `--json` for machines, `--svg` for a chart.
+//! `--peer` runs the PyTorch peer in the same run and reports our time over its median.
+
+mod presets;
+mod report;
+
+use qsa_wgpu::gpu::{copy_bandwidth, Context, ContextOptions};
+use qsa_wgpu::{DType, Error, Result};
+
+/// The presets, in the peer's order.
+pub const PRESETS: &[&str] = &[
+    "qsa-decode-128k",
+    "qsa-decode-128k-b8",
+    "qsa-prefill-8k",
+    "nsa-decode",
+    "qsa-attention-decode-128k",
+];
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Presets to run (repeatable); default: all.
+    #[arg(long = "preset")]
+    pub presets: Vec<String>,
+    /// Timed runs per preset and type, after two warm-up runs.
+    #[arg(long, default_value_t = 10)]
+    pub runs: usize,
+    /// Storage types: f32, bf16 (repeatable); default: both.
+    #[arg(long = "dtype")]
+    pub dtypes: Vec<String>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a bar chart of stage times per preset to this SVG file.
+    #[arg(long)]
+    pub svg: Option<String>,
+    /// Also run the PyTorch peer script (`torch_peer.py`) with the same presets and runs.
+    #[arg(long)]
+    pub peer: Option<String>,
+    /// The Python that runs the peer.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+}
+
+/// One stage of a measured step.
+#[derive(Clone, Debug)]
+pub struct Stage {
+    pub name: String,
+    /// Median GPU milliseconds over the runs (timestamp queries).
+    pub gpu_ms: f64,
+}
+
+/// One preset in one type.
+#[derive(Clone, Debug)]
+pub struct Measure {
+    pub preset: String,
+    pub dtype: String,
+    pub stages: Vec<Stage>,
+    /// Sum of the stage medians, when the adapter has timestamps.
+    pub gpu_ms: Option<f64>,
+    pub wall_median_ms: f64,
+    pub wall_min_ms: f64,
+    /// Bytes the step must read: keys, values, queries and raw inputs it cannot avoid
+    /// (intermediates such as the score rows are not counted).
+    pub bytes: u64,
+    pub flops: u64,
+    pub gbs: f64,
+    pub gflops: f64,
+    /// `gbs` as a share of the copy bandwidth, in percent.
+    pub copy_pct: f64,
+    pub peer_median_ms: Option<f64>,
+    /// wall_median_ms / peer_median_ms.
+    pub ratio: Option<f64>,
+    pub note: Option<String>,
+}
+
+pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
+    let presets: Vec<String> = if args.presets.is_empty() {
+        PRESETS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.presets.clone()
+    };
+    for p in &presets {
+        if !PRESETS.contains(&p.as_str()) {
+            return Err(Error::attr(
+                "bench",
+                "preset",
+                format!("{p:?} is not one of {}", PRESETS.join(", ")),
+            ));
+        }
+    }
+    let dtypes: Vec<DType> = if args.dtypes.is_empty() {
+        vec![DType::F32, DType::BF16]
+    } else {
+        args.dtypes
+            .iter()
+            .map(|d| {
+                DType::parse(d)
+                    .filter(|d| matches!(d, DType::F32 | DType::BF16 | DType::F16))
+                    .ok_or_else(|| {
+                        Error::attr("bench", "dtype", format!("{d:?} is not f32, f16 or bf16"))
+                    })
+            })
+            .collect::<Result<_>>()?
+    };
+    if args.runs == 0 {
+        return Err(Error::attr("bench", "runs", "must be >= 1"));
+    }
+    let ctx = Context::new_blocking(&ContextOptions {
+        backends: backend.clone(),
+    })?;
+    eprintln!("qsa bench: {}", ctx.describe());
+    let peer = match &args.peer {
+        Some(script) => {
+            eprintln!(
+                "peer: {} {script} ({} runs per preset) …",
+                args.python, args.runs
+            );
+            Some(report::run_peer(&args.python, script, &presets, args.runs)?)
+        }
+        None => None,
+    };
+    let (copy_gbs, copy_ts) = pollster::block_on(copy_bandwidth(&ctx, 128 << 20, 5))?;
+    eprintln!(
+        "copy bandwidth: {copy_gbs:.2} GB/s (read + write, {})",
+        if copy_ts { "timestamps" } else { "wall clock" }
+    );
+    let mut all = Vec::new();
+    let total = presets.len() * dtypes.len();
+    for (i, p) in presets.iter().enumerate() {
+        for (j, &dt) in dtypes.iter().enumerate() {
+            eprintln!(
+                "[{}/{total}] {p} {dt}: setting up …",
+                i * dtypes.len() + j + 1
+            );
+            let mut m = presets::measure(&ctx, p, dt, args.runs)?;
+            let secs = m.gpu_ms.unwrap_or(m.wall_median_ms) * 1e-3;
+            m.gbs = m.bytes as f64 / secs / 1e9;
+            m.gflops = m.flops as f64 / secs / 1e9;
+            m.copy_pct = 100.0 * m.gbs / copy_gbs;
+            if let Some(pm) = peer.as_ref().and_then(|pr| pr.get(p.as_str())) {
+                m.peer_median_ms = Some(*pm);
+                m.ratio = Some(m.wall_median_ms / pm);
+            }
+            match &m.note {
+                Some(n) => eprintln!(
+                    "[{}/{total}] {p} {dt}: not run: {n}",
+                    i * dtypes.len() + j + 1
+                ),
+                None => eprintln!(
+                    "[{}/{total}] {p} {dt}: wall median {:.3} ms",
+                    i * dtypes.len() + j + 1,
+                    m.wall_median_ms
+                ),
+            }
+            all.push(m);
+        }
+    }
+    if args.json {
+        report::json(&ctx, copy_gbs, &all)?;
+    } else {
+        report::table(&ctx, copy_gbs, &all);
+    }
+    if let Some(path) = &args.svg {
+        report::svg(path, &ctx, &all)?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}

@@ -1,0 +1,407 @@
+//! The presets of the PyTorch peer, set up and timed. QSA presets run `QsaIndexer` steps (the
+//! cached context is compressed once by a keys-only step; every timed step appends the new
+//! tokens' keys, runs, and is rolled back with `truncate`, so each run does the same work);
+//! `nsa-decode` runs `nsa_compress_attention` over device-resident buffers; the attention
+//! preset runs `sparse_attention` over a 128K-token paged pool, in shards of whole pages that
+//! each fit one storage binding.
+
+use super::{Measure, Stage};
+use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
+use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
+use qsa_wgpu::ops::common::{flag_word, read_checked};
+use qsa_wgpu::ops::nsa_compress_attention::{
+    encode_nsa_compress_attention, validate as nsa_validate, Layout, NsaAttnBuffers,
+    NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
+};
+use qsa_wgpu::ops::sparse_attention::{
+    encode_attention_sharded, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
+    AttentionGeometry, ShardedAttentionBuffers,
+};
+use qsa_wgpu::paged::PoolLayout;
+use qsa_wgpu::testing::Rng;
+use qsa_wgpu::{DType, Error, Result, Tensor};
+use std::time::Instant;
+
+const WARMUP: usize = 2;
+
+/// Progress on stderr: runs are long on software adapters.
+fn progress(preset: &str, run: usize, runs: usize) {
+    if run == 0 {
+        eprint!("    {preset}: {WARMUP} warm-up + {runs} runs ");
+    }
+    eprint!(".");
+    if run + 1 == WARMUP + runs {
+        eprintln!();
+    }
+}
+
+/// Median and min of a list of milliseconds.
+fn stats(v: &[f64]) -> (f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    (s[s.len() / 2], s[0])
+}
+
+/// Builds the measure from per-run walls and per-run stage times.
+fn finish(
+    preset: &str,
+    dt: DType,
+    walls: &[f64],
+    stages: &[Vec<(&'static str, f64)>],
+    bytes: u64,
+    flops: u64,
+) -> Measure {
+    let (wall_median_ms, wall_min_ms) = stats(walls);
+    let mut out: Vec<Stage> = Vec::new();
+    if let Some(first) = stages.first().filter(|s| !s.is_empty()) {
+        for (i, (name, _)) in first.iter().enumerate() {
+            let v: Vec<f64> = stages
+                .iter()
+                .filter_map(|s| s.get(i).map(|x| x.1))
+                .collect();
+            out.push(Stage {
+                name: name.to_string(),
+                gpu_ms: stats(&v).0,
+            });
+        }
+    }
+    let gpu_ms = (!out.is_empty()).then(|| out.iter().map(|s| s.gpu_ms).sum());
+    Measure {
+        preset: preset.to_string(),
+        dtype: dt.to_string(),
+        stages: out,
+        gpu_ms,
+        wall_median_ms,
+        wall_min_ms,
+        bytes,
+        flops,
+        gbs: 0.0,
+        gflops: 0.0,
+        copy_pct: 0.0,
+        peer_median_ms: None,
+        ratio: None,
+        note: None,
+    }
+}
+
+/// A preset that cannot run here (e.g. a buffer past the binding limit): reported, not fatal.
+fn skipped(preset: &str, dt: DType, why: String) -> Measure {
+    let mut m = finish(preset, dt, &[f64::NAN], &[], 0, 0);
+    m.note = Some(why);
+    m
+}
+
+pub fn measure(
+    ctx: &std::sync::Arc<Context>,
+    preset: &str,
+    dt: DType,
+    runs: usize,
+) -> Result<Measure> {
+    let r = match preset {
+        "qsa-decode-128k" => qsa(ctx, preset, dt, 1, 131071, 1, runs),
+        "qsa-decode-128k-b8" => qsa(ctx, preset, dt, 8, 131071, 1, runs),
+        "qsa-prefill-8k" => qsa(ctx, preset, dt, 1, 0, 8192, runs),
+        "nsa-decode" => nsa(ctx, preset, dt, runs),
+        "qsa-attention-decode-128k" => attention(ctx, preset, dt, runs),
+        _ => unreachable!("checked by the caller"),
+    };
+    match r {
+        Err(e @ Error::Limit { .. }) => Ok(skipped(preset, dt, e.to_string())),
+        other => other,
+    }
+}
+
+/// QSA indexer step: `batch` sequences of `cached` tokens, `new` tokens each.
+fn qsa(
+    ctx: &std::sync::Arc<Context>,
+    preset: &str,
+    dt: DType,
+    batch: usize,
+    cached: usize,
+    new: usize,
+    runs: usize,
+) -> Result<Measure> {
+    let total = cached + new;
+    let mut cfg = IndexerConfig::qwen(dt, total, batch);
+    cfg.max_step_tokens = batch * new;
+    let pages = batch * total.div_ceil(cfg.page_size);
+    let mut rng = Rng::new(11);
+    let (k_norm, q_norm) = (rng.tensor(dt, &[cfg.di]), rng.tensor(dt, &[cfg.di]));
+    let mut ix = QsaIndexer::new(
+        ctx.clone(),
+        cfg.clone(),
+        k_norm,
+        q_norm,
+        rng.permutation(pages),
+    )?;
+    for s in 0..batch {
+        ix.add_sequence()?;
+        let mut left = cached;
+        while left > 0 {
+            let n = left.min(8192);
+            ix.append_keys(s, &rng.normals(n * cfg.di))?;
+            left -= n;
+        }
+    }
+    if cached > 0 {
+        pollster::block_on(ix.extend(&vec![cached; batch]))?;
+        ctx.wait()?;
+    }
+    ix.set_timing(true);
+    let keys: Vec<Vec<f32>> = (0..batch).map(|_| rng.normals(new * cfg.di)).collect();
+    let q = rng.tensor(dt, &[batch * new, cfg.hi, cfg.di]);
+    let counts = vec![new; batch];
+    let (mut walls, mut stages) = (Vec::new(), Vec::new());
+    for run in 0..WARMUP + runs {
+        progress(preset, run, runs);
+        for (s, k) in keys.iter().enumerate() {
+            ix.append_keys(s, k)?;
+        }
+        let t0 = Instant::now();
+        pollster::block_on(ix.step(&counts, &q))?;
+        ctx.wait()?;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let st = pollster::block_on(ix.stage_times())?.unwrap_or_default();
+        if run >= WARMUP {
+            walls.push(wall);
+            stages.push(st);
+        }
+        for s in 0..batch {
+            ix.truncate(s, cached)?;
+        }
+    }
+    // Must-read bytes and FLOPs of one step.
+    let (es, di, hi, r) = (dt.size() as u64, cfg.di as u64, cfg.hi as u64, cfg.r as u64);
+    let (b, c, n) = (batch as u64, cached as u64, new as u64);
+    let new_blocks = b * ((c + n) / r - c / r);
+    let visible: u64 = b * (c..c + n).map(|p| (p + 1) / r).sum::<u64>();
+    let blocks = b * ((c + n) / r);
+    let bytes = new_blocks * r * di * es // raw keys of the new blocks
+        + b * n * hi * di * es // raw index queries
+        + blocks * di * es; // block keys, each read at least once
+    let flops = 2 * hi * di * visible;
+    Ok(finish(preset, dt, &walls, &stages, bytes, flops))
+}
+
+/// NSA compressed attention + selection, paper geometry, c = 8192, one query token.
+fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> Result<Measure> {
+    let (n1, n2, dqk, dv, c, page) = (64usize, 4usize, 192usize, 128usize, 8192usize, 128usize);
+    let (l, d, lsel, k) = (32usize, 16usize, 64usize, 16usize);
+    let pages = c.div_ceil(page);
+    let mut rng = Rng::new(12);
+    let query = rng.tensor(dt, &[1, n1, dqk]);
+    let key = rng.tensor(dt, &[pages, page, n2 * dqk]);
+    let value = rng.tensor(dt, &[pages, page, n2 * dv]);
+    let perm: Vec<i32> = rng.permutation(pages).iter().map(|&p| p as i32).collect();
+    let table = Tensor::from_i32(&[1, pages], &perm);
+    let cmp = Tensor::from_i32(&[1], &[c as i32]);
+    let x = NsaCompressAttentionInputs {
+        query: &query,
+        key: &key,
+        value: &value,
+        block_table: &table,
+        actual_q_len: None,
+        actual_cmp_kv_len: &cmp,
+        actual_sel_kv_len: None,
+    };
+    let a = NsaCompressAttentionAttrs {
+        num_heads: Some(n1),
+        num_kv_heads: Some(n2),
+        compress_block_size: l,
+        compress_stride: d,
+        select_block_size: lsel,
+        select_block_count: k,
+        scale: None,
+        layout: Layout::Tnd,
+        causal_mask: false,
+    };
+    let p = nsa_validate(&x, &a)?;
+    let prm = p.params();
+    let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, name, t);
+    let (gq, gk, gv) = (up("q", &query)?, up("k", &key)?, up("v", &value)?);
+    let tab: Vec<u32> = p.table.iter().map(|&v| v as u32).collect();
+    let gt = up("table", &Tensor::from_u32(&[tab.len()], &tab))?;
+    let lens = p.lens();
+    let gl = up("lens", &Tensor::from_u32(&[lens.len()], &lens))?;
+    let f = |name: &str, dt: DType, shape: &[usize]| GpuTensor::filled(ctx, name, dt, shape, 0);
+    let rows = p.rows * p.n2;
+    let out = f("out", dt, &p.out_shape())?;
+    let topk = f("topk", DType::I32, &p.topk_shape())?;
+    let psum = f("psum", DType::F32, &[rows, p.c_max])?;
+    let scores = f("scores", DType::F32, &[rows, p.w])?;
+    let count = f("count", DType::I32, &[rows])?;
+    let flags = flag_word(ctx)?;
+    let mut timer = Timer::new(ctx, 2);
+    let (mut walls, mut stages) = (Vec::new(), Vec::new());
+    for run in 0..WARMUP + runs {
+        progress(preset, run, runs);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let b = NsaAttnBuffers {
+            query: &gq.buffer,
+            key: &gk.buffer,
+            value: &gv.buffer,
+            block_table: &gt.buffer,
+            lens: &gl.buffer,
+            out: &out.buffer,
+            topk: &topk.buffer,
+            psum: &psum.buffer,
+            scores: &scores.buffer,
+            count: &count.buffer,
+            flags: &flags.buffer,
+        };
+        // One timed span around the op's two dispatches.
+        if let Some(t) = &mut timer {
+            t.clear();
+            t.begin_span(&mut enc, "attention+topk");
+        }
+        pollster::block_on(encode_nsa_compress_attention(ctx, &mut enc, dt, &prm, &b))?;
+        if let Some(t) = &timer {
+            t.end_span(&mut enc);
+            t.resolve(&mut enc);
+        }
+        let t0 = Instant::now();
+        pollster::block_on(ctx.submit("nsa-decode", enc))?;
+        ctx.wait()?;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let st = match &timer {
+            Some(t) => pollster::block_on(t.read(ctx))?,
+            None => Vec::new(),
+        };
+        if run >= WARMUP {
+            walls.push(wall);
+            stages.push(st);
+        }
+    }
+    let es = dt.size() as u64;
+    let bytes = (c * n2 * (dqk + dv)) as u64 * es + (n1 * dqk) as u64 * es;
+    let flops = 2 * (n1 * c * (dqk + dv)) as u64;
+    Ok(finish(preset, dt, &walls, &stages, bytes, flops))
+}
+
+/// QSA main attention: one decode row at position 131071 over its selection (512 random
+/// blocks of 4 tokens; the tail is empty there, as in the peer) from a 131072-token paged
+/// pool; H = 24, Hkv = 2, E = 256. The pool (256 MiB in bf16, 512 MiB in f32) lives in shards
+/// of whole pages, each within one storage binding.
+fn attention(
+    ctx: &std::sync::Arc<Context>,
+    preset: &str,
+    dt: DType,
+    runs: usize,
+) -> Result<Measure> {
+    let (h, hkv, e, total, page, r, k) = (
+        24usize,
+        2usize,
+        256usize,
+        131072usize,
+        128usize,
+        4usize,
+        512usize,
+    );
+    let pages = total.div_ceil(page);
+    let layout = PoolLayout::packed(pages, 1, page, hkv, e);
+    let limit = ctx
+        .limits
+        .max_storage_buffer_binding_size
+        .min(ctx.limits.max_buffer_size);
+    let page_elems = layout.page_elems();
+    let page_bytes = (page_elems * dt.size()) as u64;
+    ctx.check_binding_size("sparse_attention", "kv_blocks", page_bytes)?;
+    let shard_pages = ((limit / page_bytes) as usize).clamp(1, pages);
+    let mut rng = Rng::new(13);
+    // The pool is filled in slices so the host never holds it twice.
+    let mut shards = Vec::new();
+    for lo in (0..pages).step_by(shard_pages) {
+        let elems = shard_pages.min(pages - lo) * page_elems;
+        let shard = GpuTensor::filled(ctx, "qsa.bench.kv", dt, &[elems], 0)?;
+        let slice = 1 << 22;
+        let mut at = 0;
+        while at < elems {
+            let n = slice.min(elems - at);
+            let t = Tensor::from_f32(dt, &[n], &rng.normals(n));
+            ctx.queue
+                .write_buffer(&shard.buffer, (at * dt.size()) as u64, &t.data);
+            at += n;
+        }
+        shards.push(shard);
+    }
+    let p = total - 1; // the decode row's position
+    let mut blocks: Vec<u32> = rng.permutation(total / r);
+    blocks.truncate(k);
+    let mut tokens: Vec<i32> = blocks
+        .iter()
+        .flat_map(|&b| (0..r as i32).map(move |j| b as i32 * r as i32 + j))
+        .collect();
+    tokens.extend(((total / r) * r..=p).map(|t| t as i32)); // the tail (empty here)
+    let w = k * r + r - 1;
+    let count = tokens.len();
+    tokens.resize(w, -1);
+    let table: Vec<u32> = rng.permutation(pages);
+    let seqs = pack_seqs(&[0, 1], &[p as u32], &table);
+    let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, name, t);
+    let q = up("q", &rng.tensor(dt, &[1, h, e]))?;
+    let gs = up("seqs", &seqs)?;
+    let ti = up("tokens", &Tensor::from_i32(&[1, 1, w], &tokens))?;
+    let tc = up("count", &Tensor::from_i32(&[1, 1], &[count as i32]))?;
+    let out = GpuTensor::filled(ctx, "out", dt, &[1, h, e], 0)?;
+    let flags = flag_word(ctx)?;
+    let prm = attn_params(&AttentionGeometry {
+        t: 1,
+        n: 1,
+        h,
+        hs: 1,
+        w,
+        layout,
+        layer_idx: 0,
+        max_pages: pages,
+        scale: None,
+        has_sinks: false,
+    })?;
+    let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
+    let partials = scratch_buffer(ctx, "qsa.bench.partials", plan.partials_bytes);
+    let routes = scratch_buffer(ctx, "qsa.bench.routes", plan.routes_bytes);
+    let mut timer = Timer::new(ctx, 2);
+    let (mut walls, mut stages) = (Vec::new(), Vec::new());
+    for run in 0..WARMUP + runs {
+        progress(preset, run, runs);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let b = ShardedAttentionBuffers {
+            query: &q.buffer,
+            pool: shards.iter().map(|s| &s.buffer).collect(),
+            shard_pages,
+            seqs: &gs.buffer,
+            token_indices: &ti.buffer,
+            token_count: &tc.buffer,
+            sinks: None,
+            out: &out.buffer,
+            flags: &flags.buffer,
+            partials: &partials,
+            routes: &routes,
+        };
+        if let Some(t) = &mut timer {
+            t.clear();
+            t.begin_span(&mut enc, "attention");
+        }
+        pollster::block_on(encode_attention_sharded(ctx, &mut enc, dt, &prm, &b))?;
+        if let Some(t) = &timer {
+            t.end_span(&mut enc);
+            t.resolve(&mut enc);
+        }
+        let t0 = Instant::now();
+        pollster::block_on(ctx.submit("attention", enc))?;
+        ctx.wait()?;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let st = match &timer {
+            Some(t) => pollster::block_on(t.read(ctx))?,
+            None => Vec::new(),
+        };
+        if run >= WARMUP {
+            walls.push(wall);
+            stages.push(st);
+        }
+    }
+    // The device's flags (bad pages, tokens, counts) turn into an error here.
+    pollster::block_on(read_checked(ctx, "sparse_attention", &[&out], &flags))?;
+    let bytes = (count * 2 * hkv * e * dt.size() + h * e * dt.size()) as u64;
+    let flops = (4 * h * e * count) as u64;
+    Ok(finish(preset, dt, &walls, &stages, bytes, flops))
+}

@@ -1,0 +1,212 @@
+//! What `qsa bench` prints: the table, the JSON object, the SVG chart, and the peer's run.
+
+use super::Measure;
+use qsa_wgpu::gpu::Context;
+use qsa_wgpu::{Error, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Runs the PyTorch peer script once for all presets; returns its median ms per preset.
+pub fn run_peer(
+    python: &str,
+    script: &str,
+    presets: &[String],
+    runs: usize,
+) -> Result<BTreeMap<String, f64>> {
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(script)
+        .arg("--json")
+        .arg("--runs")
+        .arg(runs.to_string());
+    for p in presets {
+        cmd.arg("--preset").arg(p);
+    }
+    let out = cmd.output().map_err(|source| Error::Io {
+        path: format!("{python} {script}"),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(Error::Case(format!(
+            "the peer failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let mut m = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| Error::Case(format!("the peer printed {line:?}: {e}")))?;
+        if let (Some(p), Some(ms)) = (v["preset"].as_str(), v["median_ms"].as_f64()) {
+            m.insert(p.to_string(), ms);
+        }
+    }
+    Ok(m)
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.digits$}"))
+}
+
+/// The table on stdout: one line per preset and type, then its stages.
+pub fn table(ctx: &Context, copy_gbs: f64, all: &[Measure]) {
+    println!("adapter: {}", ctx.describe());
+    println!("copy bandwidth (read + write): {copy_gbs:.2} GB/s");
+    println!(
+        "{:<27} {:<5} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9} {:>6} {:>10} {:>7}",
+        "preset",
+        "type",
+        "gpu ms",
+        "wall med",
+        "wall min",
+        "MB read",
+        "GB/s",
+        "GFLOP/s",
+        "%copy",
+        "peer ms",
+        "ratio"
+    );
+    for m in all {
+        if let Some(n) = &m.note {
+            println!("{:<27} {:<5} not run: {n}", m.preset, m.dtype);
+            continue;
+        }
+        println!(
+            "{:<27} {:<5} {:>10} {:>10.3} {:>10.3} {:>9.2} {:>8.2} {:>9.2} {:>6.1} {:>10} {:>7}",
+            m.preset,
+            m.dtype,
+            opt(m.gpu_ms, 3),
+            m.wall_median_ms,
+            m.wall_min_ms,
+            m.bytes as f64 / 1e6,
+            m.gbs,
+            m.gflops,
+            m.copy_pct,
+            opt(m.peer_median_ms, 3),
+            opt(m.ratio, 2)
+        );
+        for s in &m.stages {
+            println!("{:<27} {:<5} {:>10.3}   {}", "", "", s.gpu_ms, s.name);
+        }
+    }
+}
+
+/// One JSON object: the adapter, the copy bandwidth and every measure.
+pub fn json(ctx: &Context, copy_gbs: f64, all: &[Measure]) -> Result<()> {
+    let ms: Vec<serde_json::Value> = all
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "preset": m.preset,
+                "dtype": m.dtype,
+                "stages": m.stages.iter().map(|s| serde_json::json!({"name": s.name, "gpu_ms": s.gpu_ms})).collect::<Vec<_>>(),
+                "gpu_ms": m.gpu_ms,
+                "wall_median_ms": if m.note.is_some() { None } else { Some(m.wall_median_ms) },
+                "wall_min_ms": if m.note.is_some() { None } else { Some(m.wall_min_ms) },
+                "bytes": m.bytes,
+                "flops": m.flops,
+                "gbs": m.gbs,
+                "gflops": m.gflops,
+                "copy_pct": m.copy_pct,
+                "peer_median_ms": m.peer_median_ms,
+                "ratio": m.ratio,
+                "note": m.note,
+            })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "adapter": ctx.describe(),
+        "backend": format!("{:?}", ctx.info.backend),
+        "timestamps": ctx.caps.timestamps,
+        "copy_gbs": copy_gbs,
+        "results": ms,
+    });
+    println!("{}", serde_json::to_string_pretty(&v).unwrap());
+    Ok(())
+}
+
+/// A horizontal bar per preset and type: its stages stacked (GPU ms; wall ms without
+/// timestamps), on a log-free linear axis per bar scaled to the slowest step.
+pub fn svg(path: &str, ctx: &Context, all: &[Measure]) -> Result<()> {
+    let colors = [
+        "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+    ];
+    let ran: Vec<&Measure> = all.iter().filter(|m| m.note.is_none()).collect();
+    let total = |m: &Measure| m.gpu_ms.unwrap_or(m.wall_median_ms);
+    let max = ran.iter().map(|m| total(m)).fold(1e-9, f64::max);
+    let (left, width, row) = (260.0, 560.0, 26.0);
+    let height = 70.0 + row * ran.len() as f64 + 30.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="12">"#,
+        left + width + 120.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="10" y="20" font-size="14">qsa bench: stage times per step ({})</text>"#,
+        xml(&ctx.describe())
+    );
+    let mut legend: Vec<String> = Vec::new();
+    for (i, m) in ran.iter().enumerate() {
+        let y = 40.0 + row * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<text x="10" y="{}">{} {}</text>"#,
+            y + 15.0,
+            m.preset,
+            m.dtype
+        );
+        let mut x = left;
+        let parts: Vec<(String, f64)> = if m.stages.is_empty() {
+            vec![("wall".into(), m.wall_median_ms)]
+        } else {
+            m.stages
+                .iter()
+                .map(|st| (st.name.clone(), st.gpu_ms))
+                .collect()
+        };
+        for (name, ms) in parts {
+            if !legend.contains(&name) {
+                legend.push(name.clone());
+            }
+            let c = colors[legend.iter().position(|l| *l == name).unwrap() % colors.len()];
+            let w = width * ms / max;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x:.1}" y="{y}" width="{w:.1}" height="{}" fill="{c}"><title>{name}: {ms:.3} ms</title></rect>"#,
+                row - 6.0
+            );
+            x += w;
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}">{:.2} ms</text>"#,
+            x + 5.0,
+            y + 15.0,
+            total(m)
+        );
+    }
+    let y = 50.0 + row * ran.len() as f64;
+    for (i, name) in legend.iter().enumerate() {
+        let x = 10.0 + 130.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x}" y="{y}" width="12" height="12" fill="{}"/><text x="{}" y="{}">{}</text>"#,
+            colors[i % colors.len()],
+            x + 16.0,
+            y + 11.0,
+            xml(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    std::fs::write(path, s).map_err(|source| Error::Io {
+        path: path.to_string(),
+        source,
+    })
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

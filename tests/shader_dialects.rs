@@ -1,0 +1,106 @@
+//! The browser dialect of the shaders: `enable subgroups;` is prepended where subgroup builtins
+//! are used (browsers require it; naga 30 rejects it), and nothing else changes; and a check for
+//! WGSL that naga accepts but browsers reject.
+
+use qsa_wgpu::shaders::{self, ShaderTarget};
+
+/// A reduction over one subgroup; naga reads it without an enable directive.
+const SUBGROUP_SUM: &str = "
+@group(0) @binding(0) var<storage, read_write> data: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>,
+        @builtin(subgroup_invocation_id) lane: u32) {
+    let s = subgroupAdd(data[gid.x]);
+    if lane == 0u {
+        data[gid.x] = s;
+    }
+}
+";
+
+fn naga_accepts(src: &str) -> Result<(), String> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::SUBGROUP,
+    )
+    .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+    .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+    .validate(&module)
+    .map_err(|e| format!("{e:?}"))?;
+    Ok(())
+}
+
+#[test]
+fn browser_dialect_enables_subgroups_where_used() {
+    naga_accepts(SUBGROUP_SUM).unwrap();
+    let naga_src = shaders::for_target(SUBGROUP_SUM.to_string(), ShaderTarget::Naga);
+    assert_eq!(naga_src, SUBGROUP_SUM);
+    let web = shaders::for_target(SUBGROUP_SUM.to_string(), ShaderTarget::Browser);
+    assert_eq!(web, format!("enable subgroups;\n{SUBGROUP_SUM}"));
+    // Why the dialects differ: if naga starts accepting the directive, this difference can go.
+    assert!(
+        naga_accepts(&web).is_err(),
+        "naga now accepts `enable subgroups;`"
+    );
+    // Applied once only.
+    assert_eq!(shaders::for_target(web.clone(), ShaderTarget::Browser), web);
+}
+
+#[test]
+fn subgroup_use_is_found_in_code_not_in_comments() {
+    assert!(shaders::uses_subgroups(
+        "let x = subgroupBroadcastFirst(v);"
+    ));
+    assert!(shaders::uses_subgroups("@builtin(subgroup_size) n: u32"));
+    assert!(shaders::uses_subgroups("let y = quadSwapX(v);"));
+    assert!(!shaders::uses_subgroups(
+        "// a subgroupAdd here would need the extension"
+    ));
+    assert!(!shaders::uses_subgroups(
+        "let quadrant = 1u; let my_subgroupish = 2u;"
+    ));
+}
+
+#[test]
+fn operator_shaders_need_no_browser_changes_today() {
+    for name in shaders::operators() {
+        let naga_src = shaders::assemble(name).unwrap();
+        let web = shaders::assemble_for(name, ShaderTarget::Browser).unwrap();
+        assert_eq!(
+            web,
+            naga_src,
+            "{name}: the browser dialect differs (subgroups: {})",
+            shaders::uses_subgroups(&naga_src)
+        );
+    }
+}
+
+/// WGSL makes a constant expression that evaluates to an infinity or NaN a shader-creation
+/// error. Browsers enforce it; naga does not, so it is checked here for the one form such a
+/// constant takes in these shaders: `bitcast<f32>(<literal>)` with all exponent bits set.
+#[test]
+fn no_constant_expression_is_an_infinity_or_nan() {
+    let mut bad = Vec::new();
+    for name in shaders::operators() {
+        let src = shaders::assemble(name).unwrap();
+        for (i, line) in src.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for part in code.split("bitcast<f32>(").skip(1) {
+                let arg = part.split(')').next().unwrap_or("").trim();
+                let Some(hex) = arg.strip_prefix("0x").and_then(|h| h.strip_suffix('u')) else {
+                    continue;
+                };
+                let bits = u32::from_str_radix(hex, 16).unwrap_or(0);
+                if bits & 0x7f80_0000 == 0x7f80_0000 {
+                    bad.push(format!("{name}:{}: {}", i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "constant infinities or NaNs:\n{}",
+        bad.join("\n")
+    );
+}
