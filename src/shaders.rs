@@ -20,6 +20,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/flags.wgsl"),
     ),
     (
+        "common/attention.wgsl",
+        include_str!("../shaders/common/attention.wgsl"),
+    ),
+    (
         "qsa_prepare.wgsl",
         include_str!("../shaders/qsa_prepare.wgsl"),
     ),
@@ -56,6 +60,14 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/sparse_attention.wgsl"),
     ),
     (
+        "sparse_attention_route.wgsl",
+        include_str!("../shaders/sparse_attention_route.wgsl"),
+    ),
+    (
+        "sparse_attention_combine.wgsl",
+        include_str!("../shaders/sparse_attention_combine.wgsl"),
+    ),
+    (
         "bench_copy.wgsl",
         include_str!("../shaders/bench_copy.wgsl"),
     ),
@@ -69,7 +81,8 @@ pub const FILES: &[(&str, &str)] = &[
     ),
 ];
 
-/// The operator shaders (files outside `common/`), by operator name.
+/// The pipeline shaders (files outside `common/`): one per operator, or per stage of one, by
+/// name.
 pub fn operators() -> impl Iterator<Item = &'static str> {
     FILES
         .iter()

@@ -258,38 +258,56 @@ fn params_structs_match_wgsl_layout() {
             c_max, w, causal, scale, _pad0, _pad1
         ]
     );
+    // The three stages of sparse_attention include one struct (common/attention.wgsl).
+    for shader in [
+        "sparse_attention_route",
+        "sparse_attention",
+        "sparse_attention_combine",
+    ] {
+        check_params!(
+            shader,
+            sparse_attention::SparseAttentionParams,
+            "SparseAttentionParams",
+            [
+                t,
+                n,
+                h,
+                hkv,
+                hs,
+                e,
+                w,
+                hc,
+                segs,
+                chunks,
+                cblocks,
+                splits,
+                split_len,
+                page_size,
+                page_stride,
+                num_pages,
+                max_pages,
+                k_off,
+                v_off,
+                shard,
+                shards,
+                shard_pages,
+                row_base,
+                rows,
+                has_sinks,
+                scale,
+                phases,
+                ev,
+                dp,
+                _pad0,
+                _pad1
+            ]
+        );
+    }
     check_params!(
         "bench_copy",
         BenchCopyParams,
         "BenchCopyParams",
         [words, stride, _pad0, _pad1]
-    );
-    check_params!(
-        "sparse_attention",
-        sparse_attention::SparseAttentionParams,
-        "SparseAttentionParams",
-        [
-            t,
-            n,
-            h,
-            hkv,
-            hs,
-            e,
-            w,
-            parts,
-            hc,
-            page_size,
-            page_stride,
-            num_pages,
-            max_pages,
-            k_off,
-            v_off,
-            has_sinks,
-            scale,
-            ev,
-            dp,
-            _pad2
-        ]
     );
     check_params!(
         nsa::COMPRESS_SHADER,

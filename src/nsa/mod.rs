@@ -121,7 +121,7 @@ impl NsaSelector {
             cmp_value_gpu: up("cmp_value", &cmp_value)?,
             w_k_gpu: up("w_k", &w_k)?,
             w_v_gpu: up("w_v", &w_v)?,
-            bufs: step::StepBuffers::new(&ctx, &cfg)?,
+            bufs: step::StepBuffers::new(&ctx, &cfg, layout)?,
             binds: BindCache::default(),
             ctx,
             pool,

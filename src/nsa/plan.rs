@@ -2,11 +2,12 @@
 //! lengths before and after, the windows they complete, their page and block tables, and the
 //! checks a step with queries must pass before anything is recorded.
 
-use super::{NsaSelector, OP};
+use super::{NsaConfig, NsaSelector, OP};
 use crate::error::{Error, Result};
 use crate::ops::nsa_compress::windows;
 use crate::ops::nsa_compress_attention::{nsel, MAX_Q_LEN};
 use crate::ops::sparse_attention;
+use crate::paged::PoolLayout;
 use crate::tensor::Tensor;
 
 /// The host plan of one step: the batch (slots with new tokens, in slot order) and what each
@@ -162,18 +163,28 @@ impl NsaSelector {
         t: usize,
         n: usize,
     ) -> sparse_attention::AttentionGeometry {
-        let c = &self.cfg;
-        sparse_attention::AttentionGeometry {
-            t,
-            n,
-            h: c.n1,
-            hs: c.n2,
-            w: c.route_width(),
-            layout: self.pool.layout,
-            layer_idx: 0,
-            max_pages: c.max_pages(),
-            scale: Some(c.softmax_scale()),
-            has_sinks: false,
-        }
+        attention_geometry(&self.cfg, self.pool.layout, t, n)
+    }
+}
+
+/// The selected attention's geometry for `t` rows of `n` sequences over the raw pool `layout`:
+/// H = N1, Hs = N2 (Hkv = N2 from the pool), W = k·l'.
+pub(crate) fn attention_geometry(
+    c: &NsaConfig,
+    layout: PoolLayout,
+    t: usize,
+    n: usize,
+) -> sparse_attention::AttentionGeometry {
+    sparse_attention::AttentionGeometry {
+        t,
+        n,
+        h: c.n1,
+        hs: c.n2,
+        w: c.route_width(),
+        layout,
+        layer_idx: 0,
+        max_pages: c.max_pages(),
+        scale: Some(c.softmax_scale()),
+        has_sinks: false,
     }
 }

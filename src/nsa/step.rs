@@ -1,8 +1,11 @@
 //! The GPU step: device buffers sized once from the configuration, refilled by queue writes
-//! each step, and the six stages recorded into one encoder through a
+//! each step, and the stages recorded into one encoder through a
 //! [`BindCache`](crate::ops::common::BindCache), so that after the first step no pipeline and
-//! no bind group is built. The outputs stay on the GPU as views, valid until the next step.
+//! no bind group is built. The selected attention is `sparse_attention`'s plan (route, partial
+//! pass, combine) over the raw pool as one shard, through scratch buffers the step owns. The
+//! outputs stay on the GPU as views, valid until the next step.
 
+use super::plan::attention_geometry;
 use super::stages::*;
 use super::{NsaConfig, NsaSelector, OP};
 use crate::error::Result;
@@ -11,8 +14,12 @@ use crate::ops::common::read_checked;
 use crate::ops::nsa_compress_attention::{
     dispatch_nsa_compress_attention, nsel, NsaAttnBuffers, NsaCompressAttentionParams,
 };
-use crate::ops::sparse_attention::{dispatch_attention, pack_seqs, params_kv, AttentionBuffers};
+use crate::ops::sparse_attention::{
+    dispatch_attention, pack_seqs, params_kv, plan_attention, scratch_buffer,
+    ShardedAttentionBuffers, COMBINE, ROUTE,
+};
 use crate::ops::TensorMap;
+use crate::paged::PoolLayout;
 use crate::tensor::{DType, Tensor};
 
 /// The step's device buffers, allocated once (R = `max_step_rows`, S = `max_seqs`).
@@ -32,15 +39,38 @@ pub(super) struct StepBuffers {
     token_count: GpuTensor, // [R, N2] i32
     out: GpuTensor,       // [R, N1, Dv] T
     flags: GpuTensor,     // [1] u32
+    partials: wgpu::Buffer, // selected attention's partial results (scratch)
+    routes: wgpu::Buffer, // selected attention's routed token lists (scratch)
 }
 
 impl StepBuffers {
-    pub(super) fn new(ctx: &Context, c: &NsaConfig) -> Result<Self> {
+    /// The buffers of a layer whose raw pool has `layout`.
+    pub(super) fn new(ctx: &Context, c: &NsaConfig, layout: PoolLayout) -> Result<Self> {
         let (r, s, mp) = (c.max_step_rows, c.max_seqs, c.max_pages());
         let buf = |name: &str, dt: DType, shape: &[usize]| {
             GpuTensor::filled(ctx, &format!("qsa.nsa.{name}"), dt, shape, 0)
         };
+        // The selected attention's scratch for the worst step: few rows split many ways, or
+        // max_step_rows rows (rows beyond what fits would be taken in chunks).
+        let limit = ctx
+            .limits
+            .max_storage_buffer_binding_size
+            .min(ctx.limits.max_buffer_size);
+        let (mut partials, mut routes) = (16, 16);
+        let mut t = 1;
+        loop {
+            let prm = params_kv(&attention_geometry(c, layout, t, s), c.dqk, c.dv)?;
+            let plan = plan_attention(ctx, &prm, layout.num_pages, limit, limit)?;
+            partials = plan.partials_bytes.max(partials);
+            routes = plan.routes_bytes.max(routes);
+            if t >= r {
+                break;
+            }
+            t = (2 * t).min(r);
+        }
         Ok(StepBuffers {
+            partials: scratch_buffer(ctx, "qsa.nsa.attention_partials", partials),
+            routes: scratch_buffer(ctx, "qsa.nsa.attention_routes", routes),
             comp_seqs: buf("comp_seqs", DType::U32, &[3 * s + 1 + s * mp])?,
             cmp_table: buf("cmp_table", DType::I32, &[s, c.max_cmp_blocks()])?,
             lens: buf("lens", DType::U32, &[4 * s + 1])?,
@@ -296,23 +326,35 @@ impl NsaSelector {
             .record(&ctx, &mut enc, "select_expand", 0, d)
             .await?;
 
-        // 4. Attention over them: H = N1, Hkv = Hs = N2, E = Dqk, Ev = Dv.
+        // 4. Attention over them: H = N1, Hkv = Hs = N2, E = Dqk, Ev = Dv; the raw pool is one
+        // shard, the scratch the step's own.
         let geo = self.attention_geometry(t, nb);
         let ap = params_kv(&geo, c.dqk, c.dv)?;
-        let ab = AttentionBuffers {
+        let np = geo.layout.num_pages;
+        let plan = plan_attention(&ctx, &ap, np, b.partials.size(), b.routes.size())?;
+        let ab = ShardedAttentionBuffers {
             query: &b.query.buffer,
-            pool: &self.pool_gpu.buffer,
+            pool: vec![&self.pool_gpu.buffer],
+            shard_pages: np,
             seqs: &b.attn_seqs.buffer,
             token_indices: &b.token_indices.buffer,
             token_count: &b.token_count.buffer,
             sinks: None,
             out: &b.out.buffer,
             flags: &b.flags.buffer,
+            partials: &b.partials,
+            routes: &b.routes,
         };
-        let d = dispatch_attention(&ctx, c.dtype, &ap, &ab)?;
-        self.binds
-            .record(&ctx, &mut enc, "selected_attention", 0, d)
-            .await?;
+        for (step, d) in dispatch_attention(&ctx, c.dtype, &plan, &ab)? {
+            let stage = match step.shader {
+                ROUTE => "selected_route",
+                COMBINE => "selected_combine",
+                _ => "selected_attention",
+            };
+            self.binds
+                .record(&ctx, &mut enc, stage, step.slot, d)
+                .await?;
+        }
         if let Some(timer) = &self.binds.timer {
             timer.resolve(&mut enc);
         }
@@ -323,7 +365,7 @@ impl NsaSelector {
     /// Turns GPU timing of the stages on or off; returns whether the adapter can time them.
     pub fn set_timing(&mut self, on: bool) -> bool {
         self.binds.timer = if on {
-            crate::gpu::Timer::new(&self.ctx, 16)
+            crate::gpu::Timer::new(&self.ctx, 64)
         } else {
             None
         };

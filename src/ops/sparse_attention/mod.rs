@@ -1,13 +1,18 @@
 //! `sparse_attention` (SPEC §7): GQA attention of each query head over the tokens its
 //! selection group gathered (`expand_route`'s output), read from the main paged KV pool, with
-//! an optional per-head sink; values may be narrower than keys (`v_head_dim`, for NSA's
-//! Dqk = 192, Dv = 128). This module holds the attributes, inputs, host validation and
-//! CPU reference; [`dispatch`] the shader's parameters and [`encode_attention`], which records
-//! the dispatch over device buffers for orchestrators. Shader: `shaders/sparse_attention.wgsl`.
+//! an optional per-head sink; values may have another width than keys (`v_head_dim` Ev, for
+//! NSA's Dqk = 192, Dv = 128). This module holds the attributes, inputs, host validation and
+//! CPU reference; [`dispatch`] how a call is cut into workgroups and the shaders' parameters;
+//! [`encode`] the buffers, the plan of dispatches and [`encode_attention`], which records a call
+//! over device buffers for orchestrators. Shaders: `shaders/sparse_attention_route.wgsl` (token
+//! lists routed to pool shards), `shaders/sparse_attention.wgsl` (partial results per
+//! token-list split) and `shaders/sparse_attention_combine.wgsl` (their merge).
 
 mod dispatch;
+mod encode;
 
 pub use dispatch::*;
+pub use encode::*;
 
 use super::block_score::ragged;
 use super::common::*;
