@@ -11,11 +11,13 @@
 //    significant first: a 256-bin histogram (workgroup atomics, one per run of equal digits
 //    of an invocation) of the keys that share the digits chosen so far; sixteen invocations
 //    sum 16 bins each and one walks down from the top to the digit where the k-th best falls
-//    (no barrier-per-step scan). The search stops as soon as the bucket holds exactly as many
-//    keys as are still wanted; keys are distinct, so it always stops by the sixth pass. The
-//    first pass also counts candidates; with at most k of them (or W <= k, found without a
-//    pass) every candidate is kept.
-// 3. Compact the n = min(k, candidates) keys at or above the threshold in column order:
+//    (no barrier-per-step scan). The search stops as soon as the bucket holds at most SLACK
+//    (128) more keys than are still wanted (and at most MAX_K are selected in all): the whole
+//    bucket goes on to the ranking, which drops ranks >= k. Keys are distinct, so it always
+//    stops by the sixth pass. The first pass also counts candidates; with at most k of them
+//    (or W <= k, found without a pass) every candidate is kept.
+// 3. Compact the m keys at or above the threshold (n = min(k, candidates) <= m <= n + SLACK,
+//    m <= MAX_K) in column order:
 //    invocation i owns the contiguous columns [i*C, i*C + C), C = ceil(W / 256); it counts its
 //    winners, an exclusive scan (16 groups of 16, then the group sums) gives its first
 //    position, and a second pass stores keys in `skey` (vec4 words, 8 KiB for 2048) and
@@ -24,7 +26,7 @@
 //    vec4 registers) and reads every key once, four per workgroup access; an entry's rank is
 //    the number of entries before it: a larger key, or an equal key at a lower position, which
 //    is a lower column (position order is column order). O(n^2 / 8) comparisons per row, but
-//    vectorized and with no barrier; each owner writes its columns to their ranks directly.
+//    vectorized and with no barrier; each owner writes its columns of rank < n directly.
 //    Loops carry per-invocation bounds (0 for idle ones): llvmpipe runs a loop for a whole
 //    SIMD vector while any lane's bound allows, so idle vectors must leave at once.
 // 5. Pad slots n .. k with -1 and write the count. Workgroup memory: ~14 KiB.
@@ -45,6 +47,7 @@ struct BlockTopkParams {
 
 const WG: u32 = 256u;
 const MAX_K: u32 = 2048u;
+const SLACK: u32 = 128u;  // extra keys the select may leave to the ranking (see step 2)
 
 var<workgroup> hist: array<atomic<u32>, WG>;  // one bin per digit value
 var<workgroup> sfx: array<u32, WG>;           // per-invocation counts, then their scan
@@ -197,7 +200,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     mask_lo |= 0xffu << sh;
                 }
                 rem = left;
-                if (h == left) {
+                // Stop once the bucket overshoots by at most SLACK keys: all of them are
+                // compacted and ranked, and the ranks past k are dropped (exact for h == left).
+                if (h - left <= SLACK && P.k - left + h <= MAX_K) {
                     done = 1u;
                 }
             }
@@ -245,7 +250,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             part[g] = acc;
             acc += v;
         }
-        nsel = min(acc, MAX_K);  // = min(k, candidates) by construction
+        nsel = min(acc, MAX_K);  // m: min(k, candidates) plus at most SLACK, by construction
     }
     workgroupBarrier();
     var pos = sfx[lid] + part[lid >> 4u];  // the first position of this chunk
@@ -259,9 +264,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             }
         }
     }
-    let n = workgroupUniformLoad(&nsel);
-    if (lid == 0u && (n & 3u) != 0u) {
-        for (var s = n; s < ((n + 3u) & ~3u) && lid == 0u; s++) {
+    let m = workgroupUniformLoad(&nsel);
+    let n = min(m, P.k);  // the winners: min(k, candidates)
+    if (lid == 0u && (m & 3u) != 0u) {
+        for (var s = m; s < ((m + 3u) & ~3u) && lid == 0u; s++) {
             skey[s >> 2u][s & 3u] = 0u;  // below every candidate: never counts as before
         }
     }
@@ -271,7 +277,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     //    number of entries before it (a larger key, or the same key at a lower position, which
     //    is a lower column). Keys are at most 0xff800000, so `kj + 1` cannot wrap.
     let p0 = 8u * lid;
-    if (p0 < n) {
+    if (p0 < m) {
         let ka = skey[p0 >> 2u];
         let kb = skey[(p0 >> 2u) + 1u];
         let pa = vec4<u32>(p0, p0 + 1u, p0 + 2u, p0 + 3u);
@@ -279,7 +285,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var ra = vec4<u32>(0u);
         var rb = vec4<u32>(0u);
         // A per-invocation bound: vectors of idle invocations leave the loop at once.
-        let nq = select(0u, (n + 3u) >> 2u, p0 < n);
+        let nq = select(0u, (m + 3u) >> 2u, p0 < m);
         for (var q = 0u; q < nq; q++) {
             let v = skey[q];
             let j = 4u * q;
@@ -289,15 +295,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 + before4(v.z, j + 2u, pb, kb) + before4(v.w, j + 3u, pb, kb);
         }
         let row = (P.out_base + id) * P.k;
-        for (var u = 0u; u < select(0u, 8u, p0 < n); u++) {
+        for (var u = 0u; u < select(0u, 8u, p0 < m); u++) {
             let s = p0 + u;
-            if (s < n) {
+            if (s < m) {
                 let col = (atomicLoad(&scol[s >> 1u]) >> (16u * (s & 1u))) & 0xffffu;
                 var r = ra[u & 3u];
                 if (u >= 4u) {
                     r = rb[u & 3u];
                 }
-                block_indices[row + r] = i32(col);
+                if (r < n) {
+                    block_indices[row + r] = i32(col);
+                }
             }
         }
     }

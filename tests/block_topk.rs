@@ -252,6 +252,35 @@ fn candidates_around_k_and_ragged_widths() {
     }
 }
 
+/// The select may stop with up to 128 extra keys in the last bucket (ranks past k dropped), but
+/// never with more than 2048 in all: small k, k near the limit, coarse and fine values.
+#[test]
+fn overshooting_buckets_near_k_and_the_limit() {
+    let mut rng = Rng::new(0x5ac);
+    for (w, k, coarse) in [
+        (2048, 5, false),
+        (4096, 2000, false),
+        (4096, 2000, true),
+        (3000, 1, true),
+    ] {
+        let scores: Vec<f32> = (0..2 * w)
+            .map(|_| {
+                if coarse {
+                    (rng.below(300) as f32) * 0.125
+                } else {
+                    rng.below(1 << 24) as f32 * 1e-3
+                }
+            })
+            .collect();
+        check(
+            &scores,
+            [2, 1, w],
+            k,
+            &format!("W = {w}, k = {k}, coarse {coarse}"),
+        );
+    }
+}
+
 /// One value everywhere: the order is the columns' order, across every invocation's chunk.
 #[test]
 fn all_tied_rows_keep_column_order() {
