@@ -8,16 +8,28 @@
 //    `0xffff - column` makes a 48-bit composite key that is distinct per column and whose
 //    descending order is exactly the contract's order.
 // 2. Radix select. Up to six passes over the row, one 8-bit digit of the composite each, most
-//    significant first: a 256-bin histogram (workgroup atomics) of the keys that share the
-//    digits chosen so far, a suffix sum, and the digit where the k-th best falls. The search
-//    stops as soon as the bucket holds exactly as many keys as are still wanted; keys are
-//    distinct, so it always stops by the sixth pass. The first pass also counts candidates;
-//    with at most k of them (or W <= k, found without a pass) every candidate is kept.
-// 3. Collect the n = min(k, candidates) keys at or above the threshold (any order), then sort
-//    them (key desc, column asc) with a bitonic network in workgroup memory: keys in `skey`,
-//    columns as u16 pairs in `sidx` (12 KiB for 2048 entries). Each invocation owns whole
-//    `sidx` words during a stage, so packed halves never race.
-// 4. Write the n columns, then -1, and the count.
+//    significant first: a 256-bin histogram (workgroup atomics, one per run of equal digits
+//    of an invocation) of the keys that share the digits chosen so far; sixteen invocations
+//    sum 16 bins each and one walks down from the top to the digit where the k-th best falls
+//    (no barrier-per-step scan). The search stops as soon as the bucket holds at most SLACK
+//    (128) more keys than are still wanted (and at most MAX_K are selected in all): the whole
+//    bucket goes on to the ranking, which drops ranks >= k. Keys are distinct, so it always
+//    stops by the sixth pass. The first pass also counts candidates; with at most k of them
+//    (or W <= k, found without a pass) every candidate is kept.
+// 3. Compact the m keys at or above the threshold (n = min(k, candidates) <= m <= n + SLACK,
+//    m <= MAX_K) in column order:
+//    invocation i owns the contiguous columns [i*C, i*C + C), C = ceil(W / 256); it counts its
+//    winners, an exclusive scan (16 groups of 16, then the group sums) gives its first
+//    position, and a second pass stores keys in `skey` (vec4 words, 8 KiB for 2048) and
+//    columns as u16 pairs in `scol` (atomicOr: two invocations may share a word).
+// 4. Rank by counting, no sort network: invocation t owns positions 8t .. 8t+7 (keys in two
+//    vec4 registers) and reads every key once, four per workgroup access; an entry's rank is
+//    the number of entries before it: a larger key, or an equal key at a lower position, which
+//    is a lower column (position order is column order). O(n^2 / 8) comparisons per row, but
+//    vectorized and with no barrier; each owner writes its columns of rank < n directly.
+//    Loops carry per-invocation bounds (0 for idle ones): llvmpipe runs a loop for a whole
+//    SIMD vector while any lane's bound allows, so idle vectors must leave at once.
+// 5. Pad slots n .. k with -1 and write the count. Workgroup memory: ~14 KiB.
 
 //#include common/dtype.wgsl
 
@@ -35,11 +47,13 @@ struct BlockTopkParams {
 
 const WG: u32 = 256u;
 const MAX_K: u32 = 2048u;
+const SLACK: u32 = 128u;  // extra keys the select may leave to the ranking (see step 2)
 
 var<workgroup> hist: array<atomic<u32>, WG>;  // one bin per digit value
-var<workgroup> sfx: array<u32, WG>;           // suffix sums of hist
-var<workgroup> skey: array<u32, MAX_K>;       // selected keys (column, while collecting)
-var<workgroup> sidx: array<u32, MAX_K / 2u>;  // selected columns, two u16 per word
+var<workgroup> sfx: array<u32, WG>;           // per-invocation counts, then their scan
+var<workgroup> part: array<u32, 16>;          // sums of 16 bins or 16 counts
+var<workgroup> skey: array<vec4<u32>, MAX_K / 4u>;  // selected keys, in column order
+var<workgroup> scol: array<atomic<u32>, MAX_K / 2u>; // their columns, two u16 per word
 var<workgroup> thr_hi: u32;                   // threshold digits chosen so far (key part)
 var<workgroup> thr_lo: u32;                   // ... (column part)
 var<workgroup> mask_hi: u32;                  // which bits of the key part are chosen
@@ -47,32 +61,15 @@ var<workgroup> mask_lo: u32;
 var<workgroup> rem: u32;                      // keys still wanted from the current bucket
 var<workgroup> done: u32;
 var<workgroup> nsel: u32;                     // n = min(k, candidates)
-var<workgroup> cursor: atomic<u32>;
 
 // Order-preserving key of score bits b; 0 = not a candidate.
 fn key_of(b: u32) -> u32 {
-    if (b == 0xff800000u) {
-        return 0u;
-    }
+    // Branch-free (llvmpipe runs both sides of a branch).
     let a = b & 0x7fffffffu;
-    if (a > 0x7f800000u) {
-        return 1u;
-    }
-    if (a == 0u) {
-        return 0x80000000u;
-    }
-    if (b != a) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
-// 8-bit digit `level` of the composite (key, lo), most significant first.
-fn digit(level: u32, key: u32, lo: u32) -> u32 {
-    if (level < 4u) {
-        return (key >> (24u - 8u * level)) & 0xffu;
-    }
-    return (lo >> (8u - 8u * (level - 4u))) & 0xffu;
+    var key = select(b | 0x80000000u, ~b, b != a);
+    key = select(key, 0x80000000u, a == 0u);
+    key = select(key, 1u, a > 0x7f800000u);
+    return select(key, 0u, b == 0xff800000u);
 }
 
 // (key, lo) masked to the chosen digits is at or above the threshold.
@@ -81,54 +78,10 @@ fn at_or_above(key: u32, lo: u32, th: u32, tl: u32, mh: u32, ml: u32) -> bool {
     return kh > th || (kh == th && (lo & ml) >= tl);
 }
 
-// a = (key a, column a) comes before b.
-fn before(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
-    return ka > kb || (ka == kb && ia < ib);
-}
-
-fn col_at(s: u32) -> u32 {
-    return (sidx[s >> 1u] >> (16u * (s & 1u))) & 0xffffu;
-}
-
-// One bitonic task: the four entries of sidx words w0 and w1, compared in pairs (0,1),(2,3)
-// when j = 1, else (0,2),(1,3); `size` sets each pair's direction.
-fn bitonic_task(t: u32, j: u32, size: u32) {
-    var pos: array<u32, 4>;
-    if (j == 1u) {
-        pos = array<u32, 4>(4u * t, 4u * t + 1u, 4u * t + 2u, 4u * t + 3u);
-    } else {
-        let p = 2u * t;
-        let i = ((p & ~(j - 1u)) << 1u) | (p & (j - 1u));
-        pos = array<u32, 4>(i, i + 1u, i + j, i + j + 1u);
-    }
-    let w0 = sidx[pos[0] >> 1u];
-    let w1 = sidx[pos[2] >> 1u];
-    var kk = array<u32, 4>(skey[pos[0]], skey[pos[1]], skey[pos[2]], skey[pos[3]]);
-    var ii = array<u32, 4>(w0 & 0xffffu, w0 >> 16u, w1 & 0xffffu, w1 >> 16u);
-    for (var q = 0u; q < 2u; q++) {
-        var x = q * 2u;
-        var y = x + 1u;
-        if (j != 1u) {
-            x = q;
-            y = q + 2u;
-        }
-        let desc = (pos[x] & size) == 0u;
-        let yx = before(kk[y], ii[y], kk[x], ii[x]);
-        let xy = before(kk[x], ii[x], kk[y], ii[y]);
-        if ((desc && yx) || (!desc && xy)) {
-            let tk = kk[x];
-            kk[x] = kk[y];
-            kk[y] = tk;
-            let ti = ii[x];
-            ii[x] = ii[y];
-            ii[y] = ti;
-        }
-    }
-    for (var q = 0u; q < 4u; q++) {
-        skey[pos[q]] = kk[q];
-    }
-    sidx[pos[0] >> 1u] = ii[0] | (ii[1] << 16u);
-    sidx[pos[2] >> 1u] = ii[2] | (ii[3] << 16u);
+// 1 in each lane where the entry (key kj, position j) comes before (k, p).
+fn before4(kj: u32, j: u32, p: vec4<u32>, k: vec4<u32>) -> vec4<u32> {
+    let tie = select(vec4<u32>(0u), vec4<u32>(1u), vec4<u32>(j) < p);
+    return select(vec4<u32>(0u), vec4<u32>(1u), vec4<u32>(kj) + tie > k);
 }
 
 @compute @workgroup_size(256)
@@ -139,6 +92,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let base = id * P.w;
+    // Loop bounds that are 0 outside the invocations that work: llvmpipe runs a loop for a
+    // whole SIMD vector while any lane's bound allows, enclosing branches notwithstanding.
+    let lanes16 = select(0u, 16u, lid < 16u);
+    let lane16 = select(0u, 16u, lid == 0u);
     if (lid == 0u) {
         thr_hi = 0u;
         thr_lo = 0u;
@@ -146,7 +103,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         mask_lo = 0u;
         done = 0u;
         rem = 0u;
-        atomicStore(&cursor, 0u);
         if (P.w <= P.k) {
             // Every candidate is kept: threshold "key >= 1", no search.
             thr_hi = 1u;
@@ -167,114 +123,196 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let ml = mask_lo;
         var want = rem;  // read before the barrier: this pass's winner rewrites it
         workgroupBarrier();
+        let ksh = 24u - 8u * min(level, 3u);
+        let lsh = 8u - 8u * (max(level, 4u) - 4u);
+        // Runs of one digit are counted privately: one atomic per run, not per key.
+        var last = 0u;
+        var run = 0u;
         for (var c = lid; c < P.w; c += WG) {
             let key = key_of(scores[base + c]);
             let lo = 0xffffu - c;
-            if (key != 0u && (key & mh) == th && (lo & ml) == tl) {
-                atomicAdd(&hist[digit(level, key, lo)], 1u);
+            if ((key != 0u) & ((key & mh) == th) & ((lo & ml) == tl)) {
+                let d = select(lo >> lsh, key >> ksh, level < 4u) & 0xffu;
+                if (d != last && run != 0u) {
+                    atomicAdd(&hist[last], run);
+                    run = 0u;
+                }
+                last = d;
+                run++;
             }
         }
+        if (run != 0u) {
+            atomicAdd(&hist[last], run);
+        }
         workgroupBarrier();
-        sfx[lid] = atomicLoad(&hist[lid]);
-        workgroupBarrier();
-        for (var off = 1u; off < WG; off <<= 1u) {
-            var v = sfx[lid];
-            if (lid + off < WG) {
-                v += sfx[lid + off];
+        // Sixteen partial sums of 16 bins each, then one invocation walks down from the top.
+        if (lid < 16u) {
+            var sum = 0u;
+            for (var b = 0u; b < lanes16; b++) {
+                sum += atomicLoad(&hist[16u * lid + b]);
             }
-            workgroupBarrier();
-            sfx[lid] = v;
-            workgroupBarrier();
+            part[lid] = sum;
         }
-        let at = sfx[lid];  // keys in bins >= lid
-        var above = 0u;     // keys in bins > lid
-        if (lid + 1u < WG) {
-            above = sfx[lid + 1u];
-        }
-        if (level == 0u) {
-            let total = sfx[0];
-            want = P.k;
-            if (total <= P.k) {
-                want = 0u;
-                if (lid == 0u) {
+        workgroupBarrier();
+        if (lid == 0u) {
+            if (level == 0u) {
+                var total = 0u;
+                for (var g = 0u; g < lane16; g++) {
+                    total += part[g];
+                }
+                want = P.k;
+                if (total <= P.k) {
+                    want = 0u;
                     thr_hi = 1u;
                     mask_hi = 0xffffffffu;
                     done = 1u;
                 }
             }
-        }
-        if (want > 0u && at >= want && above < want) {
-            let left = want - above;
-            if (level < 4u) {
-                let sh = 24u - 8u * level;
-                thr_hi |= lid << sh;
-                mask_hi |= 0xffu << sh;
-            } else {
-                let sh = 8u - 8u * (level - 4u);
-                thr_lo |= lid << sh;
-                mask_lo |= 0xffu << sh;
-            }
-            rem = left;
-            if (at - above == left) {
-                done = 1u;
+            if (want > 0u) {
+                var above = 0u;  // keys in the bins above the one searched
+                var g = 15u;
+                loop {
+                    let v = part[g];
+                    if (above + v >= want || g == 0u || lid != 0u) {
+                        break;
+                    }
+                    above += v;
+                    g--;
+                }
+                var b = 16u * g + 15u;
+                var h = 0u;
+                loop {
+                    h = atomicLoad(&hist[b]);
+                    if (above + h >= want || b == 16u * g || lid != 0u) {
+                        break;
+                    }
+                    above += h;
+                    b--;
+                }
+                let left = want - above;
+                if (level < 4u) {
+                    let sh = 24u - 8u * level;
+                    thr_hi |= b << sh;
+                    mask_hi |= 0xffu << sh;
+                } else {
+                    let sh = 8u - 8u * (level - 4u);
+                    thr_lo |= b << sh;
+                    mask_lo |= 0xffu << sh;
+                }
+                rem = left;
+                // Stop once the bucket overshoots by at most SLACK keys: all of them are
+                // compacted and ranked, and the ranks past k are dropped (exact for h == left).
+                if (h - left <= SLACK && P.k - left + h <= MAX_K) {
+                    done = 1u;
+                }
             }
         }
     }
 
-    // 3. Collect the n selected columns, then turn them into (key, column) entries.
+    // 3. Compact the n selected entries in column order: invocation lid owns the contiguous
+    //    columns [lid * C, lid * C + C); a count, an exclusive scan, and a second pass that
+    //    writes each key to its position in `skey` and its column into the u16 pairs of `scol`.
     workgroupBarrier();
     let th = thr_hi;
     let tl = thr_lo;
     let mh = mask_hi;
     let ml = mask_lo;
-    for (var c = lid; c < P.w; c += WG) {
+    let chunk = (P.w + WG - 1u) / WG;
+    let c0 = min(lid * chunk, P.w);
+    let c1 = min(c0 + chunk, P.w);
+    var mine = 0u;
+    for (var c = c0; c < c1; c++) {
         let key = key_of(scores[base + c]);
         if (key != 0u && at_or_above(key, 0xffffu - c, th, tl, mh, ml)) {
-            let s = atomicAdd(&cursor, 1u);
-            if (s < MAX_K) {
-                skey[s] = c;
-            }
+            mine++;
         }
+    }
+    for (var m = lid; m < MAX_K / 2u; m += WG) {
+        atomicStore(&scol[m], 0u);
+    }
+    sfx[lid] = mine;
+    workgroupBarrier();
+    // Exclusive scan: in place within 16 groups of 16, then over the group totals.
+    if (lid < 16u) {
+        var acc = 0u;
+        for (var b = 0u; b < lanes16; b++) {
+            let v = sfx[16u * lid + b];
+            sfx[16u * lid + b] = acc;
+            acc += v;
+        }
+        part[lid] = acc;
     }
     workgroupBarrier();
     if (lid == 0u) {
-        nsel = min(atomicLoad(&cursor), MAX_K);  // = min(k, candidates) by construction
-    }
-    let n = workgroupUniformLoad(&nsel);
-    var n2 = 4u;
-    while (n2 < n) {
-        n2 <<= 1u;
-    }
-    for (var m = lid; m < n2 / 2u; m += WG) {
-        var col = array<u32, 2>(0xffffu, 0xffffu);
-        for (var h = 0u; h < 2u; h++) {
-            let s = 2u * m + h;
-            var key = 0u;  // padding: after every candidate
-            if (s < n) {
-                col[h] = skey[s];
-                key = key_of(scores[base + col[h]]);
-            }
-            skey[s] = key;
+        var acc = 0u;
+        for (var g = 0u; g < lane16; g++) {
+            let v = part[g];
+            part[g] = acc;
+            acc += v;
         }
-        sidx[m] = col[0] | (col[1] << 16u);
+        nsel = min(acc, MAX_K);  // m: min(k, candidates) plus at most SLACK, by construction
     }
     workgroupBarrier();
-    for (var size = 2u; size <= n2; size <<= 1u) {
-        for (var j = size >> 1u; j > 0u; j >>= 1u) {
-            for (var t = lid; t < n2 / 4u; t += WG) {
-                bitonic_task(t, j, size);
+    var pos = sfx[lid] + part[lid >> 4u];  // the first position of this chunk
+    if (mine != 0u) {
+        for (var c = c0; c < c1; c++) {
+            let key = key_of(scores[base + c]);
+            if (key != 0u && at_or_above(key, 0xffffu - c, th, tl, mh, ml) && pos < MAX_K) {
+                skey[pos >> 2u][pos & 3u] = key;
+                atomicOr(&scol[pos >> 1u], c << (16u * (pos & 1u)));
+                pos++;
             }
-            workgroupBarrier();
+        }
+    }
+    let m = workgroupUniformLoad(&nsel);
+    let n = min(m, P.k);  // the winners: min(k, candidates)
+    if (lid == 0u && (m & 3u) != 0u) {
+        for (var s = m; s < ((m + 3u) & ~3u) && lid == 0u; s++) {
+            skey[s >> 2u][s & 3u] = 0u;  // below every candidate: never counts as before
+        }
+    }
+    workgroupBarrier();
+
+    // 4. Rank by counting: invocation t owns positions 8t .. 8t + 7; the rank of an entry is the
+    //    number of entries before it (a larger key, or the same key at a lower position, which
+    //    is a lower column). Keys are at most 0xff800000, so `kj + 1` cannot wrap.
+    let p0 = 8u * lid;
+    if (p0 < m) {
+        let ka = skey[p0 >> 2u];
+        let kb = skey[(p0 >> 2u) + 1u];
+        let pa = vec4<u32>(p0, p0 + 1u, p0 + 2u, p0 + 3u);
+        let pb = pa + vec4<u32>(4u);
+        var ra = vec4<u32>(0u);
+        var rb = vec4<u32>(0u);
+        // A per-invocation bound: vectors of idle invocations leave the loop at once.
+        let nq = select(0u, (m + 3u) >> 2u, p0 < m);
+        for (var q = 0u; q < nq; q++) {
+            let v = skey[q];
+            let j = 4u * q;
+            ra += before4(v.x, j, pa, ka) + before4(v.y, j + 1u, pa, ka)
+                + before4(v.z, j + 2u, pa, ka) + before4(v.w, j + 3u, pa, ka);
+            rb += before4(v.x, j, pb, kb) + before4(v.y, j + 1u, pb, kb)
+                + before4(v.z, j + 2u, pb, kb) + before4(v.w, j + 3u, pb, kb);
+        }
+        let row = (P.out_base + id) * P.k;
+        for (var u = 0u; u < select(0u, 8u, p0 < m); u++) {
+            let s = p0 + u;
+            if (s < m) {
+                let col = (atomicLoad(&scol[s >> 1u]) >> (16u * (s & 1u))) & 0xffffu;
+                var r = ra[u & 3u];
+                if (u >= 4u) {
+                    r = rb[u & 3u];
+                }
+                if (r < n) {
+                    block_indices[row + r] = i32(col);
+                }
+            }
         }
     }
 
-    // 4. Output.
-    for (var s = lid; s < P.k; s += WG) {
-        var v = -1;
-        if (s < n) {
-            v = i32(col_at(s));
-        }
-        block_indices[(P.out_base + id) * P.k + s] = v;
+    // 5. Padding.
+    for (var s = n + lid; s < P.k; s += WG) {
+        block_indices[(P.out_base + id) * P.k + s] = -1;
     }
     if (lid == 0u) {
         block_count[P.out_base + id] = i32(n);

@@ -1,6 +1,8 @@
-// expand_route (SPEC §6): token indices for attention. One invocation per output slot j of
-// row (t, g): the r positions of each selected block in selection order, then the tail
-// vis(p)·r … p, then −1. Selected blocks outside 0 … vis(p) − 1 and counts outside 0 … k are
+// expand_route (SPEC §6): token indices for attention. One invocation per slot s ≤ k of row
+// (t, g), writing its r entries s·r … s·r + r − 1 (clipped to the row width k·r + r − 1): the
+// positions of selected block s while s < count, the tail vis(p)·r … p in slot s = count, −1
+// after. (One invocation per block rather than per entry: a quarter of the loads and
+// divisions for r = 4.) Selected blocks outside 0 … vis(p) − 1 and counts outside 0 … k are
 // device data here: they are clamped, written as −1 and flagged.
 
 //#include common/flags.wgsl
@@ -27,37 +29,46 @@ struct ExpandRouteParams {
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 64u + gid.x;
-    if (i >= P.t * P.hs * P.width) {
+    let slots = P.k + 1u;
+    if (i >= P.t * P.hs * slots) {
         return;
     }
-    let row = i / P.width;   // t · Hs + g
-    let j = i % P.width;
+    let row = i / slots;   // t · Hs + g
+    let s = i % slots;
+    let base = row * P.width + s * P.r;
+    let n = min(P.r, P.width - s * P.r);  // entries of this slot
     let t = row / P.hs;
     let p = positions[t];
-    var cnt = block_count[row];
+    let cnt = block_count[row];
     if (p < 0 || cnt < 0 || u32(cnt) > P.k) {
-        atomicOr(&flags, FLAG_TOKEN);
-        token_indices[i] = -1;
-        if (j == 0u) { token_count[row] = 0; }
+        if (s == 0u) {
+            atomicOr(&flags, FLAG_TOKEN);
+            token_count[row] = 0;
+        }
+        for (var j = 0u; j < n; j++) { token_indices[base + j] = -1; }
         return;
     }
     let pu = u32(p);
     let vis = (pu + 1u) / P.r;
     let tail = (pu + 1u) % P.r;
-    let sel = u32(cnt) * P.r;
-    if (j == 0u) {
-        token_count[row] = i32(sel + tail);
+    let c = u32(cnt);
+    if (s == 0u) {
+        token_count[row] = i32(c * P.r + tail);
     }
-    var v = -1;
-    if (j < sel) {
-        let blk = block_indices[row * P.k + j / P.r];
-        if (blk < 0 || u32(blk) >= vis) {
-            atomicOr(&flags, FLAG_TOKEN);
-        } else {
-            v = blk * i32(P.r) + i32(j % P.r);
+    if (s < c) {
+        let blk = block_indices[row * P.k + s];
+        let ok = blk >= 0 && u32(blk) < vis;
+        if (!ok) { atomicOr(&flags, FLAG_TOKEN); }
+        let first = blk * i32(P.r);
+        for (var j = 0u; j < n; j++) {
+            token_indices[base + j] = select(-1, first + i32(j), ok);
         }
-    } else if (j < sel + tail) {
-        v = i32(vis * P.r + (j - sel));
+    } else {
+        // Slot `count` holds the tail (then −1); later slots hold −1.
+        let m = select(0u, tail, s == c);
+        let first = i32(vis * P.r);
+        for (var j = 0u; j < n; j++) {
+            token_indices[base + j] = select(-1, first + i32(j), j < m);
+        }
     }
-    token_indices[i] = v;
 }

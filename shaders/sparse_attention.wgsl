@@ -1,298 +1,466 @@
-// sparse_attention (SPEC §7): GQA attention of each query head over the tokens its selection
-// group gathered, read from the main paged KV pool, with an optional per-head sink.
+// sparse_attention, stage 2 of 3 (SPEC §7): partial GQA attention of query heads over a range
+// of the tokens their selection group gathered that lie in one shard of the main paged KV pool.
+// Stage 1 (sparse_attention_route.wgsl) has resolved the token lists into per-shard row lists;
+// stage 3 (sparse_attention_combine.wgsl) merges the partials, adds the sink and rounds.
+// Queries and keys have E channels, values Ev (a pool row has Dp = max(E, Ev) channels per head;
+// common/attention.wgsl): scores read the first E channels of a K row, the V step the first Ev
+// of a V row, and the partial results hold Ev channels.
 //
-// One workgroup per (row t, KV head kh, part): part j is the j-th selection group that meets
-// KV head kh's query heads, so the workgroup's heads h0 … h1 − 1 share one KV head *and* one
-// token list (with Hs > 1 the heads of one KV group may belong to different selection groups).
-// The heads are taken HC at a time, one pass each (HC = 12 at E = 256: one pass covers a
-// Qwen3.8-Flash-Next group). A pass walks the token list in tiles of TK = 64 tokens with an
-// online softmax in f32:
-//   1. invocation j resolves token j of the tile through the page table — every step checked;
-//      a bad value is flagged and the token skipped, never read — and, loading each quad of
-//      its K row once, accumulates z[h, j] = scale · q_h · K_j for the pass's heads four at a
-//      time (the queries sit in `sh`);
-//   2. invocation h folds the tile into head h's running max m and sum l and turns z[h, ·]
-//      into the weights e^{z − m};
-//   3. invocation i owns channel quads i, i + TK, … of every head of the pass: it rescales its
-//      accumulators by e^{m_old − m_new} and adds Σ_j p[h, j] · V_j, loading each V quad once.
-// Finally out = acc · e^{m − M} / (l · e^{m − M} + [sink] e^{sink − M}) with M = max(m, sink);
-// an empty list gives 0. Workgroup memory stays within WebGPU's default 16 KiB. Loops do four
-// heads or four channels per iteration: llvmpipe stops every loop of an invocation after 65535
-// iterations in total, so fewer, fatter iterations keep Qwen's full width well inside it.
+// Work split (flash-decoding): one workgroup per (row t, KV head kh, part, split s). A part is a
+// segment (the heads of kh's group that share one selection group, so one token list) cut into
+// head chunks of at most hc heads, times a channel block of the V step (Ev > 512 only; each
+// block repeats the scores). Split s takes entries s · split_len … (s + 1) · split_len − 1 of
+// the bound shard's row list and writes partial results (layout in common/attention.wgsl). A
+// pool larger than one binding is split into shards of whole pages, one dispatch each; the
+// dispatch of shard k > 0 continues the partials the previous one left.
+//
+// The workgroup takes its rows in tiles of up to 256:
+//   1. invocation j scores tile rows j, j + 64, j + 128, j + 192: z = scale · q_h · K for every
+//      head of the chunk, four heads per mat4x4 product; each query quad read from `sh` serves
+//      four rows (workgroup-memory reads dominate on llvmpipe);
+//   2. the running maximum of each head: the invocation's four rows first, then one atomicMax
+//      per head over order-preserving bit patterns; sums and accumulators are rescaled;
+//   3. in rounds of 32 rows, the rows' owners store their weights e^{z − m}, then invocation
+//      (f, i) adds Σ_j w_hj · V_j for channel quads 2i, 2i + 1 of every head over the round's
+//      rows of phase f (rows f, f + phases, …), keeping its own sum l per head.
+// llvmpipe (Mesa's CPU driver) runs 8 invocations per SIMD vector: every memory access is a loop
+// over the lanes, both sides of a branch run, a small loop is not unrolled, a private array
+// indexed by a variable lives in memory. So heads and rows go in fixed registers (vec4 scores,
+// mat4x4 accumulators, selected by the override HQ), and each memory read feeds many
+// multiply-adds. llvmpipe also ends every loop of an invocation after 65535 iterations in total;
+// the host sizes split_len so a workgroup stays well inside that.
 
 //#include common/dtype.wgsl
-//#include common/flags.wgsl
+//#include common/attention.wgsl
 
-const TK: u32 = 64u;          // tokens per tile = invocations per workgroup
-const SH: u32 = 4000u;        // f32 words of `sh`; the host picks HC with HC · (E4 + TK + 3) <= SH
-const ACC: u32 = 16u;         // vec4 accumulators per invocation; the host keeps HC · nq <= ACC
+// Head quads per workgroup: scores, maxima, sums and accumulators of up to 4 · HQ heads.
+override HQ: u32 = 3u;
+// 1 when every query row starts on an even element, so a 16-bit channel quad is two whole words.
+override ALIGN2: u32 = 0u;
+// 1 when every K and V row starts on a whole vec4 of the pool (Dp and the pool offsets are
+// multiples of 4 elements for f32, 8 for f16/bf16): two channel quads are then one or two
+// vec4 reads. 0: element by element.
+override VEC: u32 = 0u;
+
+const TK: u32 = 64u;          // invocations
+const TILE: u32 = 256u;       // rows per tile: four per invocation in step 1
+const RT: u32 = 32u;          // rows per round of step 3
+const SHV: u32 = 864u;        // vec4s of `sh`; the host keeps hc · E8 + RT · HQ <= SHV
 const NO_ROW: u32 = 0xffffffffu;
-const LOW: f32 = -3.0e38;     // "no score yet": below every real score, and finite
-
-struct SparseAttentionParams {
-    t: u32,           // query rows
-    n: u32,           // sequences
-    h: u32,           // query heads
-    hkv: u32,         // KV heads
-    hs: u32,          // selection groups
-    e: u32,           // head dim
-    w: u32,           // token slots per (row, group)
-    parts: u32,       // workgroups per (row, KV head)
-    hc: u32,          // heads per pass
-    page_size: u32,
-    page_stride: u32, // elements from one page to the next
-    num_pages: u32,
-    max_pages: u32,   // columns of the page table
-    k_off: u32,       // elements from a page's start to row 0 of plane K at layer_idx
-    v_off: u32,       // the same for plane V
-    has_sinks: u32,
-    scale: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
 
 @group(0) @binding(0) var<uniform> P: SparseAttentionParams;
-@group(0) @binding(1) var<storage, read> query: array<u32>;         // [T, H, E] T
-@group(0) @binding(2) var<storage, read> pool: array<u32>;          // [num_pages, 2, layers, page_size, Hkv, E] T, pages page_stride apart
-@group(0) @binding(3) var<storage, read> seqs: array<u32>;          // [N+1 | N | N·max_pages] u32: row_offsets, cache_lengths, page_table
-@group(0) @binding(4) var<storage, read> token_indices: array<i32>; // [T, Hs, W] i32
-@group(0) @binding(5) var<storage, read> token_count: array<i32>;   // [T, Hs] i32
-@group(0) @binding(6) var<storage, read> sinks: array<f32>;         // [H] f32
-@group(0) @binding(7) var<storage, read_write> out: array<atomic<u32>>; // [T, H, E] T
-@group(0) @binding(8) var<storage, read_write> flags: atomic<u32>;
+@group(0) @binding(1) var<storage, read> query: array<u32>;           // [T, H, E] T
+@group(0) @binding(2) var<storage, read> pool: array<vec4<u32>>;      // one shard: [shard_pages, 2, layers, page_size, Hkv, Dp] T, pages page_stride apart
+@group(0) @binding(3) var<storage, read> routes: array<u32>;          // [rows, Hs, shards + 1 + W] u32 (stage 1)
+@group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>; // [rows, H, splits, phases, Ev4 + cblocks] partial results
 
-// q [hc, E4] (E4 = E rounded up to a quad, zero-padded) at 0, then z / weights [hc, TK], then
-// running max, sum and rescale [hc] each.
-var<workgroup> sh: array<f32, SH>;
-// Pool offset of each tile token's row (page, row, head; no plane), NO_ROW when skipped.
-var<workgroup> kv_row: array<u32, TK>;
-// The row's sequence, position and token count (0 when the row is unusable).
-var<workgroup> row_info: vec4<u32>;
+// Queries [hc, E8] (E8: E4 rounded up to even, zero-padded) at 0, then a round's weights
+// [RT, HQ] at hc · E8.
+var<workgroup> sh: array<vec4<f32>, SHV>;
+// Shard offsets (page, row, KV head; no plane) of the tile's tokens.
+var<workgroup> rows: array<u32, TILE>;
+// Running maximum of each head as order-preserving bits.
+var<workgroup> m_bits: array<atomic<u32>, 16>;
+// The split's range in the shard's row list.
+var<workgroup> range: vec2<u32>;
 
-fn ld_q(i: u32) -> f32 { return t_load(query[t_word(i)], i); }
-fn ld_kv(i: u32) -> f32 { return t_load(pool[t_word(i)], i); }
-// Channels c … c + 3 of the pool row at `row`; channels >= e read as 0.
-// (No loops here: llvmpipe caps the loop iterations of an invocation, see the Rust module.)
-fn ld_quad(row: u32, c: u32, e: u32) -> vec4<f32> {
-    let i = row + c;
-    if (c + 3u < e) {
-        return vec4<f32>(ld_kv(i), ld_kv(i + 1u), ld_kv(i + 2u), ld_kv(i + 3u));
-    }
-    var v = vec4<f32>(0.0);
-    if (c < e) { v.x = ld_kv(i); }
-    if (c + 1u < e) { v.y = ld_kv(i + 1u); }
-    if (c + 2u < e) { v.z = ld_kv(i + 2u); }
-    return v;
+// Order-preserving u32 image of an f32 (for atomicMax), and back.
+fn ord(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
-// Four consecutive q values of `sh` (rows are padded to whole quads).
-fn q_quad(i: u32) -> vec4<f32> { return vec4<f32>(sh[i], sh[i + 1u], sh[i + 2u], sh[i + 3u]); }
-fn st_out(i: u32, v: f32) {
-    atomicAnd(&out[t_word(i)], t_keep(i));
-    atomicOr(&out[t_word(i)], t_bits(v, i));
+fn unord(u: u32) -> f32 {
+    return bitcast<f32>(select(~u, u & 0x7fffffffu, (u & 0x80000000u) != 0u));
 }
 
-// Sequence of row t: the last n with row_offsets[n] <= t.
-fn seq_of(t: u32) -> u32 {
-    var lo = 0u;
-    var hi = P.n;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (seqs[mid] <= t) { lo = mid; } else { hi = mid; }
+// Element j of the pool.
+fn ld_el(j: u32) -> f32 {
+    let w = t_word(j);
+    return t_load(pool[w >> 2u][w & 3u], j);
+}
+// Channels c … c + 7 of the pool row starting at element i, as two quads (c a multiple of 8
+// under VEC for 16-bit types, of 4 otherwise); channels >= e read as 0.
+fn ld_pair(i: u32, c: u32, e: u32) -> mat2x4<f32> {
+    let j = i + c;
+    var a: vec4<f32>;
+    var b: vec4<f32>;
+    if (VEC != 0u && T_KIND == 0u) {
+        a = bitcast<vec4<f32>>(pool[j >> 2u]);
+        b = bitcast<vec4<f32>>(pool[(j >> 2u) + 1u]);
+    } else if (VEC != 0u) {
+        let v = pool[j >> 3u];
+        a = vec4<f32>(t_load(v.x, 0u), t_load(v.x, 1u), t_load(v.y, 0u), t_load(v.y, 1u));
+        b = vec4<f32>(t_load(v.z, 0u), t_load(v.z, 1u), t_load(v.w, 0u), t_load(v.w, 1u));
+    } else {
+        a = vec4<f32>(ld_el(j), ld_el(j + 1u), ld_el(j + 2u), ld_el(j + 3u));
+        b = vec4<f32>(ld_el(j + 4u), ld_el(j + 5u), ld_el(j + 6u), ld_el(j + 7u));
     }
-    return lo;
+    let ca = vec4<u32>(c, c + 1u, c + 2u, c + 3u);
+    let ve = vec4<u32>(e);
+    return mat2x4<f32>(select(vec4<f32>(0.0), a, ca < ve),
+                       select(vec4<f32>(0.0), b, ca + vec4<u32>(4u) < ve));
+}
+// The same for the query row starting at element i.
+fn ld_q(i: u32, c: u32, e: u32) -> vec4<f32> {
+    let j = i + c;
+    var v: vec4<f32>;
+    if (T_KIND != 0u && ALIGN2 != 0u) {
+        let w0 = query[j >> 1u];
+        let w1 = query[(j >> 1u) + 1u];
+        v = vec4<f32>(t_load(w0, 0u), t_load(w0, 1u), t_load(w1, 0u), t_load(w1, 1u));
+    } else {
+        v = vec4<f32>(t_load(query[t_word(j)], j), t_load(query[t_word(j + 1u)], j + 1u),
+                      t_load(query[t_word(j + 2u)], j + 2u), t_load(query[t_word(j + 3u)], j + 3u));
+    }
+    return select(vec4<f32>(0.0), v, vec4<u32>(c, c + 1u, c + 2u, c + 3u) < vec4<u32>(e));
 }
 
-// Pool offset of token `tok` of sequence n for KV head kh, or NO_ROW (flagged) when the token
-// lies outside 0 ..= p or its page-table column or page is out of range.
-fn resolve(n: u32, p: u32, kh: u32, tok: i32) -> u32 {
-    if (tok < 0 || u32(tok) > p) {
-        atomicOr(&flags, FLAG_TOKEN);
-        return NO_ROW;
-    }
-    let pos = u32(tok);
-    let col = pos / P.page_size;
-    if (col >= P.max_pages) {
-        atomicOr(&flags, FLAG_PAGE_SLOT);
-        return NO_ROW;
-    }
-    let page = seqs[2u * P.n + 1u + n * P.max_pages + col];
-    if (page >= P.num_pages) {
-        atomicOr(&flags, FLAG_PAGE);
-        return NO_ROW;
-    }
-    return page * P.page_stride + ((pos % P.page_size) * P.hkv + kh) * P.e;
+// First vec4 of the partial record of head j of the chunk (heads past hc repeat the last one);
+// `base` is the record of head 0, `step` the records between two heads.
+fn rec(base: u32, step: u32, j: u32, hc: u32, rs: u32) -> u32 {
+    return (base + min(j, hc - 1u) * step) * rs;
+}
+
+// Four heads' accumulators (columns) rescaled per head.
+fn rescale(a: mat4x4<f32>, s: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(a[0] * s.x, a[1] * s.y, a[2] * s.z, a[3] * s.w);
+}
+// Four heads' accumulators plus the V quad v weighted per head.
+fn axpy(a: mat4x4<f32>, w: vec4<f32>, v: vec4<f32>) -> mat4x4<f32> {
+    return a + mat4x4<f32>(v * w.x, v * w.y, v * w.z, v * w.w);
+}
+// The (m, l) entries of head quad q as loaded from four records.
+fn ml_m(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(a.x, b.x, c.x, d.x);
+}
+fn ml_l(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(a.y, b.y, c.y, d.y);
+}
+// Stores channel quad c of heads 4q … 4q + 3 (those below hc) from the columns of a.
+fn put4(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32, a: mat4x4<f32>) {
+    let j = 4u * q;
+    if (j < hc) { part[rec(base, step, j, hc, rs) + c] = a[0]; }
+    if (j + 1u < hc) { part[rec(base, step, j + 1u, hc, rs) + c] = a[1]; }
+    if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + c] = a[2]; }
+    if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + c] = a[3]; }
+}
+// Stores (m, l) of heads 4q … 4q + 3 (those below hc) at vec4 `at` of their records.
+fn put_ml(base: u32, step: u32, q: u32, hc: u32, rs: u32, at: u32, m: vec4<f32>, l: vec4<f32>) {
+    let j = 4u * q;
+    if (j < hc) { part[rec(base, step, j, hc, rs) + at] = vec4<f32>(m.x, l.x, 0.0, 0.0); }
+    if (j + 1u < hc) { part[rec(base, step, j + 1u, hc, rs) + at] = vec4<f32>(m.y, l.y, 0.0, 0.0); }
+    if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + at] = vec4<f32>(m.z, l.z, 0.0, 0.0); }
+    if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + at] = vec4<f32>(m.w, l.w, 0.0, 0.0); }
+}
+// The query rows of heads 4q … 4q + 3 (heads past hc repeat the last one), as vec4 indices.
+fn qrows(q: u32, hc: u32, e4: u32) -> vec4<u32> {
+    return min(vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(hc - 1u)) * e4;
+}
+fn qmat(r: vec4<u32>, c4: u32) -> mat4x4<f32> {
+    return mat4x4<f32>(sh[r.x + c4], sh[r.y + c4], sh[r.z + c4], sh[r.w + c4]);
+}
+fn max4(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
+    return max(max(a, b), max(c, d));
+}
+fn m_new(q: u32) -> vec4<f32> {
+    return vec4<f32>(unord(atomicLoad(&m_bits[4u * q])), unord(atomicLoad(&m_bits[4u * q + 1u])),
+                     unord(atomicLoad(&m_bits[4u * q + 2u])), unord(atomicLoad(&m_bits[4u * q + 3u])));
+}
+fn max_into(q: u32, m: vec4<f32>) {
+    atomicMax(&m_bits[4u * q], ord(m.x));
+    atomicMax(&m_bits[4u * q + 1u], ord(m.y));
+    atomicMax(&m_bits[4u * q + 2u], ord(m.z));
+    atomicMax(&m_bits[4u * q + 3u], ord(m.w));
 }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let id = wg.y * nwg.x + wg.x;
-    if (id >= P.t * P.hkv * P.parts) {
+    let parts = P.segs * P.chunks * P.cblocks;
+    if (id >= P.rows * P.hkv * parts * P.splits) {
         return;
     }
-    let t = id / (P.hkv * P.parts);
-    let kh = (id / P.parts) % P.hkv;
+    let rr = id / (P.hkv * parts * P.splits);
+    let t = P.row_base + rr;
+    let kh = (id / (parts * P.splits)) % P.hkv;
+    let part_id = (id / P.splits) % parts;
+    let split = id % P.splits;
+    let seg = part_id / (P.chunks * P.cblocks);
+    let chunk = (part_id / P.cblocks) % P.chunks;
+    let cb = part_id % P.cblocks;
     let gsz = P.h / P.hkv;  // query heads per KV head
     let ssz = P.h / P.hs;   // query heads per selection group
-    let g = kh * gsz / ssz + id % P.parts;
-    let h0 = max(kh * gsz, g * ssz);
-    let h1 = min((kh + 1u) * gsz, (g + 1u) * ssz);
-    if (g >= P.hs || h0 >= h1) {
+    let g = kh * gsz / ssz + seg;
+    let s1 = min((kh + 1u) * gsz, (g + 1u) * ssz);
+    let h0 = max(kh * gsz, g * ssz) + chunk * P.hc;
+    if (g >= P.hs || h0 >= s1) {
         return;
     }
+    let hc = min(P.hc, s1 - h0);
 
-    // The row's sequence, position and count are device data: checked once, then shared.
+    // The split's range of the shard's row list (stage 1 checked every entry).
+    let list = (rr * P.hs + g) * (P.shards + 1u + P.w);
     if (lid == 0u) {
-        var info = vec4<u32>(0u);
-        let n = seq_of(t);
-        let start = seqs[n];
-        if (t < start || t >= seqs[n + 1u]) {
-            atomicOr(&flags, FLAG_LENGTHS);
-        } else {
-            var cnt = token_count[t * P.hs + g];
-            if (cnt < 0 || u32(cnt) > P.w) {
-                atomicOr(&flags, FLAG_COUNT);
-                cnt = clamp(cnt, 0, i32(P.w));
-            }
-            info = vec4<u32>(n, seqs[P.n + 1u + n] + (t - start), u32(cnt), 0u);
-        }
-        row_info = info;
+        let lo = routes[list + P.shard];
+        let count = routes[list + P.shard + 1u] - lo;
+        let a = min(split * P.split_len, count);
+        range = vec2<u32>(list + P.shards + 1u + lo + a,
+                          min(count - a, P.split_len));
     }
-    let info = workgroupUniformLoad(&row_info);
-    let n = info.x;
-    let p = info.y;
-    let cnt = info.z;
-    let e = P.e;
-    let ep = (e + 3u) & ~3u;          // q rows in `sh` are zero-padded to whole quads
-    let nq = (ep / 4u + TK - 1u) / TK; // channel quads per invocation in step 3
-    let list = (t * P.hs + g) * P.w;
+    let e = P.e;                         // query / key channels
+    let e4 = (e + 3u) / 4u;
+    let e8 = e4 + (e4 & 1u);
+    let ev = v_dim();                    // value channels
+    let v4 = (ev + 3u) / 4u;
+    let v8 = v4 + (v4 & 1u);
+    let rs = v4 + P.cblocks;
+    let mlq = v4 + cb;                   // this channel block's (m, l) in a record
+    let wb = hc * e8;                    // the round's weights in `sh`
+    let lpp = TK / P.phases;             // invocations per phase in step 3
+    let ph = lid / lpp;
+    let cq = (cb * lpp + lid % lpp) * 2u; // this invocation's two channel quads of Ev in step 3
+    let cqa = min(cq, v4 - 1u);
+    let cqb = min(cq + 1u, v4 - 1u);
+    let cqv = min(cq, v8 - 2u);           // the pair read in step 3
+    let nsub = P.splits * P.phases;
+    let base = (rr * P.h + h0) * nsub + split * P.phases + ph;
 
-    for (var ha = h0; ha < h1; ha += P.hc) {
-        let hc = min(P.hc, h1 - ha);
-        let nhq = (hc + 3u) / 4u;
-        let zb = hc * ep;
-        let mb = zb + hc * TK;
-        workgroupBarrier(); // the previous pass is done with sh
-        for (var i = lid; i < hc * ep; i += TK) {
-            let c = i % ep;
-            var v = 0.0;
-            if (c < e) { v = ld_q((t * P.h + ha + i / ep) * e + c); }
-            sh[i] = v;
+    let rg = workgroupUniformLoad(&range);
+    if (rg.y == 0u) {
+        // Nothing in this shard: the first one leaves empty partials, later ones keep theirs.
+        if (P.shard == 0u) {
+            let zero = mat4x4<f32>();
+            let none = vec4<f32>(LOW);
+            for (var q = 0u; q < HQ; q++) {
+                if (cq < v4) { put4(base, nsub, q, hc, rs, cq, zero); }
+                if (cq + 1u < v4) { put4(base, nsub, q, hc, rs, cq + 1u, zero); }
+                if (lid % lpp == 0u) {
+                    put_ml(base, nsub, q, hc, rs, mlq, none, vec4<f32>(0.0));
+                }
+            }
         }
-        if (lid < hc) {
-            sh[mb + lid] = LOW;
-            sh[mb + hc + lid] = 0.0;
+        return;
+    }
+    // Queries of the chunk's heads into `sh`, zero-padded to whole quad pairs.
+    for (var i = lid; i < hc * e8; i += TK) {
+        sh[i] = ld_q((t * P.h + h0 + i / e8) * e, 4u * (i % e8), e);
+    }
+    // Running state (m per head quad; l and the accumulators a<quad><channel quad> of this
+    // invocation's phase): fresh, or the previous shard's partials.
+    var m0 = vec4<f32>(LOW);
+    var m1 = vec4<f32>(LOW);
+    var m2 = vec4<f32>(LOW);
+    var m3 = vec4<f32>(LOW);
+    var l0 = vec4<f32>(0.0);
+    var l1 = vec4<f32>(0.0);
+    var l2 = vec4<f32>(0.0);
+    var l3 = vec4<f32>(0.0);
+    var a00 = mat4x4<f32>();
+    var a01 = mat4x4<f32>();
+    var a10 = mat4x4<f32>();
+    var a11 = mat4x4<f32>();
+    var a20 = mat4x4<f32>();
+    var a21 = mat4x4<f32>();
+    var a30 = mat4x4<f32>();
+    var a31 = mat4x4<f32>();
+    if (P.shard != 0u) {
+        for (var q = 0u; q < HQ; q++) {
+            let r = vec4<u32>(rec(base, nsub, 4u * q, hc, rs), rec(base, nsub, 4u * q + 1u, hc, rs),
+                              rec(base, nsub, 4u * q + 2u, hc, rs), rec(base, nsub, 4u * q + 3u, hc, rs));
+            let p0 = part[r.x + mlq];
+            let p1 = part[r.y + mlq];
+            let p2 = part[r.z + mlq];
+            let p3 = part[r.w + mlq];
+            let m = ml_m(p0, p1, p2, p3);
+            let l = ml_l(p0, p1, p2, p3);
+            let a = mat4x4<f32>(part[r.x + cqa], part[r.y + cqa], part[r.z + cqa], part[r.w + cqa]);
+            let b = mat4x4<f32>(part[r.x + cqb], part[r.y + cqb], part[r.z + cqb], part[r.w + cqb]);
+            if (q == 0u) { m0 = m; l0 = l; a00 = a; a01 = b; }
+            if (q == 1u) { m1 = m; l1 = l; a10 = a; a11 = b; }
+            if (q == 2u) { m2 = m; l2 = l; a20 = a; a21 = b; }
+            if (q == 3u) { m3 = m; l3 = l; a30 = a; a31 = b; }
         }
-        var acc = array<vec4<f32>, ACC>();
+    }
+    if (lid < 16u) {
+        var m = m0;
+        if (lid / 4u == 1u) { m = m1; }
+        if (lid / 4u == 2u) { m = m2; }
+        if (lid / 4u == 3u) { m = m3; }
+        atomicStore(&m_bits[lid], ord(m[lid % 4u]));
+    }
+    workgroupBarrier(); // the queries and m_bits are in place
+    let r0 = qrows(0u, hc, e8);
+    let r1 = qrows(1u, hc, e8);
+    let r2 = qrows(2u, hc, e8);
+    let r3 = qrows(3u, hc, e8);
+
+    for (var base_row = 0u; base_row < rg.y; base_row += TILE) {
+        let tl = min(TILE, rg.y - base_row);
+        for (var j = lid; j < tl; j += TK) {
+            rows[j] = routes[rg.x + base_row + j] + kh * pool_dim();
+        }
         workgroupBarrier();
 
-        for (var base = 0u; base < cnt; base += TK) {
-            let tl = min(TK, cnt - base);
-            // 1. token lid of the tile: its pool row, then its scores against every head,
-            //    four heads per step so that the K quad is loaded once.
-            var row = NO_ROW;
-            if (lid < tl) {
-                row = resolve(n, p, kh, token_indices[list + base + lid]);
+        // 1. Scores of rows lid + 64·s (rows past the tile repeat its last one, then read LOW).
+        let last = tl - 1u;
+        let k0 = rows[min(lid, last)] + P.k_off;
+        let k1 = rows[min(lid + 64u, last)] + P.k_off;
+        let k2 = rows[min(lid + 128u, last)] + P.k_off;
+        let k3 = rows[min(lid + 192u, last)] + P.k_off;
+        var z00 = vec4<f32>(0.0); var z01 = vec4<f32>(0.0); var z02 = vec4<f32>(0.0); var z03 = vec4<f32>(0.0);
+        var z10 = vec4<f32>(0.0); var z11 = vec4<f32>(0.0); var z12 = vec4<f32>(0.0); var z13 = vec4<f32>(0.0);
+        var z20 = vec4<f32>(0.0); var z21 = vec4<f32>(0.0); var z22 = vec4<f32>(0.0); var z23 = vec4<f32>(0.0);
+        var z30 = vec4<f32>(0.0); var z31 = vec4<f32>(0.0); var z32 = vec4<f32>(0.0); var z33 = vec4<f32>(0.0);
+        for (var c4 = 0u; c4 < e4; c4 += 2u) {
+            // Quads c4 and c4 + 1 of the rows' keys (rows past the tile read as 0), then of
+            // each head quad's queries: one pair of query matrices live at a time.
+            let c = 4u * c4;
+            let x0 = ld_pair(k0, c, e);
+            var x1 = mat2x4<f32>();
+            var x2 = mat2x4<f32>();
+            var x3 = mat2x4<f32>();
+            if (tl > 64u) { x1 = ld_pair(k1, c, e); }
+            if (tl > 128u) { x2 = ld_pair(k2, c, e); }
+            if (tl > 192u) { x3 = ld_pair(k3, c, e); }
+            var q = qmat(r0, c4);
+            var p = qmat(r0, c4 + 1u);
+            z00 += x0[0] * q + x0[1] * p;
+            z10 += x1[0] * q + x1[1] * p;
+            z20 += x2[0] * q + x2[1] * p;
+            z30 += x3[0] * q + x3[1] * p;
+            if (HQ > 1u) {
+                q = qmat(r1, c4);
+                p = qmat(r1, c4 + 1u);
+                z01 += x0[0] * q + x0[1] * p;
+                z11 += x1[0] * q + x1[1] * p;
+                z21 += x2[0] * q + x2[1] * p;
+                z31 += x3[0] * q + x3[1] * p;
             }
-            kv_row[lid] = row;
-            var z = array<vec4<f32>, 4>();
-            if (row != NO_ROW) {
-                let kr = row + P.k_off;
-                for (var c = 0u; c < ep; c += 4u) {
-                    let k4 = ld_quad(kr, c, e);
-                    for (var hq = 0u; hq < nhq; hq++) {
-                        // Heads past hc (the last quad's padding) repeat head hc − 1 and are
-                        // never stored: no read leaves q's rows.
-                        let j = 4u * hq;
-                        let last = hc - 1u;
-                        z[hq] += vec4<f32>(dot(q_quad(j * ep + c), k4),
-                                           dot(q_quad(min(j + 1u, last) * ep + c), k4),
-                                           dot(q_quad(min(j + 2u, last) * ep + c), k4),
-                                           dot(q_quad(min(j + 3u, last) * ep + c), k4));
-                    }
-                }
+            if (HQ > 2u) {
+                q = qmat(r2, c4);
+                p = qmat(r2, c4 + 1u);
+                z02 += x0[0] * q + x0[1] * p;
+                z12 += x1[0] * q + x1[1] * p;
+                z22 += x2[0] * q + x2[1] * p;
+                z32 += x3[0] * q + x3[1] * p;
             }
-            for (var j = 0u; j < hc; j++) {
-                var v = LOW;
-                if (row != NO_ROW) { v = P.scale * z[j / 4u][j % 4u]; }
-                sh[zb + j * TK + lid] = v;
-            }
-            workgroupBarrier();
-
-            // 2. head lid: new running max, weights of the tile, rescaled sum.
-            if (lid < hc) {
-                let zr = zb + lid * TK;
-                let m_old = sh[mb + lid];
-                var m = m_old;
-                for (var j = 0u; j < tl; j++) {
-                    if (kv_row[j] != NO_ROW) { m = max(m, sh[zr + j]); }
-                }
-                var alpha = 1.0;
-                if (m_old != LOW) { alpha = exp(m_old - m); }
-                var sum = 0.0;
-                for (var j = 0u; j < tl; j++) {
-                    var w = 0.0;
-                    if (kv_row[j] != NO_ROW) { w = exp(sh[zr + j] - m); }
-                    sh[zr + j] = w;
-                    sum += w;
-                }
-                sh[mb + lid] = m;
-                sh[mb + hc + lid] = sh[mb + hc + lid] * alpha + sum;
-                sh[mb + 2u * hc + lid] = alpha;
-            }
-            workgroupBarrier();
-
-            // 3. channel quads lid + k·TK of every head: rescale, then add the tile's V rows,
-            //    four heads per step.
-            for (var a = 0u; a < hc * nq; a++) {
-                acc[a] *= sh[mb + 2u * hc + a / nq];
-            }
-            for (var s = 0u; s < tl; s++) {
-                let r = kv_row[s];
-                if (r == NO_ROW) { continue; }
-                for (var k = 0u; k < nq; k++) {
-                    let cq = lid + k * TK;
-                    if (4u * cq >= e) { break; }
-                    let v4 = ld_quad(r + P.v_off, 4u * cq, e);
-                    for (var hq = 0u; hq < nhq; hq++) {
-                        let j = 4u * hq;
-                        let w = zb + j * TK + s;
-                        acc[j * nq + k] += sh[w] * v4;
-                        if (j + 1u < hc) { acc[(j + 1u) * nq + k] += sh[w + TK] * v4; }
-                        if (j + 2u < hc) { acc[(j + 2u) * nq + k] += sh[w + 2u * TK] * v4; }
-                        if (j + 3u < hc) { acc[(j + 3u) * nq + k] += sh[w + 3u * TK] * v4; }
-                    }
-                }
-            }
-            workgroupBarrier();
-        }
-
-        // Normalise with the sink, round once, store.
-        for (var j = 0u; j < hc; j++) {
-            let h = ha + j;
-            let m = sh[mb + j];
-            let l = sh[mb + hc + j];
-            var factor = 0.0;
-            if (l > 0.0) {
-                var top = m;
-                var sink_w = 0.0;
-                if (P.has_sinks != 0u && sinks[h] > LOW) {
-                    top = max(m, sinks[h]);
-                    sink_w = exp(sinks[h] - top);
-                }
-                let scale_m = exp(m - top);
-                factor = scale_m / (l * scale_m + sink_w);
-            }
-            for (var k = 0u; k < nq; k++) {
-                let c = 4u * (lid + k * TK);
-                let o = acc[j * nq + k] * factor;
-                let dst = (t * P.h + h) * e + c;
-                if (c < e) { st_out(dst, o.x); }
-                if (c + 1u < e) { st_out(dst + 1u, o.y); }
-                if (c + 2u < e) { st_out(dst + 2u, o.z); }
-                if (c + 3u < e) { st_out(dst + 3u, o.w); }
+            if (HQ > 3u) {
+                q = qmat(r3, c4);
+                p = qmat(r3, c4 + 1u);
+                z03 += x0[0] * q + x0[1] * p;
+                z13 += x1[0] * q + x1[1] * p;
+                z23 += x2[0] * q + x2[1] * p;
+                z33 += x3[0] * q + x3[1] * p;
             }
         }
+        let low = vec4<f32>(LOW);
+        let sc = P.scale;
+        let v0 = lid < tl;
+        let v1 = lid + 64u < tl;
+        let v2 = lid + 128u < tl;
+        let v3 = lid + 192u < tl;
+        z00 = select(low, z00 * sc, v0); z01 = select(low, z01 * sc, v0);
+        z02 = select(low, z02 * sc, v0); z03 = select(low, z03 * sc, v0);
+        z10 = select(low, z10 * sc, v1); z11 = select(low, z11 * sc, v1);
+        z12 = select(low, z12 * sc, v1); z13 = select(low, z13 * sc, v1);
+        z20 = select(low, z20 * sc, v2); z21 = select(low, z21 * sc, v2);
+        z22 = select(low, z22 * sc, v2); z23 = select(low, z23 * sc, v2);
+        z30 = select(low, z30 * sc, v3); z31 = select(low, z31 * sc, v3);
+        z32 = select(low, z32 * sc, v3); z33 = select(low, z33 * sc, v3);
+
+        // 2. Running maxima; rescaled sums and accumulators.
+        max_into(0u, max4(z00, z10, z20, z30));
+        if (HQ > 1u) { max_into(1u, max4(z01, z11, z21, z31)); }
+        if (HQ > 2u) { max_into(2u, max4(z02, z12, z22, z32)); }
+        if (HQ > 3u) { max_into(3u, max4(z03, z13, z23, z33)); }
+        workgroupBarrier();
+        let n0 = m_new(0u);
+        var n1 = m1;
+        var n2 = m2;
+        var n3 = m3;
+        if (HQ > 1u) { n1 = m_new(1u); }
+        if (HQ > 2u) { n2 = m_new(2u); }
+        if (HQ > 3u) { n3 = m_new(3u); }
+        let al0 = exp(m0 - n0);
+        l0 *= al0; a00 = rescale(a00, al0); a01 = rescale(a01, al0);
+        if (HQ > 1u) {
+            let al1 = exp(m1 - n1);
+            l1 *= al1; a10 = rescale(a10, al1); a11 = rescale(a11, al1);
+        }
+        if (HQ > 2u) {
+            let al2 = exp(m2 - n2);
+            l2 *= al2; a20 = rescale(a20, al2); a21 = rescale(a21, al2);
+        }
+        if (HQ > 3u) {
+            let al3 = exp(m3 - n3);
+            l3 *= al3; a30 = rescale(a30, al3); a31 = rescale(a31, al3);
+        }
+        m0 = n0;
+        m1 = n1;
+        m2 = n2;
+        m3 = n3;
+
+        // 3. Rounds of RT rows: row j·RT + i belongs to invocation (j % 2)·RT + i, slot j / 2.
+        let rounds = (tl + RT - 1u) / RT;
+        for (var r = 0u; r < rounds; r++) {
+            let slot = r / 2u;
+            var y0 = z00; var y1 = z01; var y2 = z02; var y3 = z03;
+            if (slot == 1u) { y0 = z10; y1 = z11; y2 = z12; y3 = z13; }
+            if (slot == 2u) { y0 = z20; y1 = z21; y2 = z22; y3 = z23; }
+            if (slot == 3u) { y0 = z30; y1 = z31; y2 = z32; y3 = z33; }
+            if (lid / RT == r % 2u) {
+                let ok = lid + 64u * slot < tl;
+                let w = wb + (lid % RT) * HQ;
+                sh[w] = select(vec4<f32>(0.0), exp(y0 - n0), ok);
+                if (HQ > 1u) { sh[w + 1u] = select(vec4<f32>(0.0), exp(y1 - n1), ok); }
+                if (HQ > 2u) { sh[w + 2u] = select(vec4<f32>(0.0), exp(y2 - n2), ok); }
+                if (HQ > 3u) { sh[w + 3u] = select(vec4<f32>(0.0), exp(y3 - n3), ok); }
+            }
+            workgroupBarrier();
+            let rt = min(RT, tl - r * RT);
+            for (var s = ph; s < rt; s += P.phases) {
+                let x = ld_pair(rows[r * RT + s] + P.v_off, 4u * cqv, ev);
+                let va = x[0];
+                let vb = x[1];
+                let w = wb + s * HQ;
+                let w0 = sh[w];
+                l0 += w0; a00 = axpy(a00, w0, va); a01 = axpy(a01, w0, vb);
+                if (HQ > 1u) {
+                    let w1 = sh[w + 1u];
+                    l1 += w1; a10 = axpy(a10, w1, va); a11 = axpy(a11, w1, vb);
+                }
+                if (HQ > 2u) {
+                    let w2 = sh[w + 2u];
+                    l2 += w2; a20 = axpy(a20, w2, va); a21 = axpy(a21, w2, vb);
+                }
+                if (HQ > 3u) {
+                    let w3 = sh[w + 3u];
+                    l3 += w3; a30 = axpy(a30, w3, va); a31 = axpy(a31, w3, vb);
+                }
+            }
+            workgroupBarrier(); // the weights and the tile's rows are free again
+        }
+    }
+
+    // The partial results of this invocation's phase: its channel quads of every head, and
+    // (m, l) from the phase's first invocation, into the channel block's own copy.
+    if (cq < v4) {
+        put4(base, nsub, 0u, hc, rs, cq, a00);
+        if (HQ > 1u) { put4(base, nsub, 1u, hc, rs, cq, a10); }
+        if (HQ > 2u) { put4(base, nsub, 2u, hc, rs, cq, a20); }
+        if (HQ > 3u) { put4(base, nsub, 3u, hc, rs, cq, a30); }
+    }
+    if (cq + 1u < v4) {
+        put4(base, nsub, 0u, hc, rs, cq + 1u, a01);
+        if (HQ > 1u) { put4(base, nsub, 1u, hc, rs, cq + 1u, a11); }
+        if (HQ > 2u) { put4(base, nsub, 2u, hc, rs, cq + 1u, a21); }
+        if (HQ > 3u) { put4(base, nsub, 3u, hc, rs, cq + 1u, a31); }
+    }
+    if (lid % lpp == 0u) {
+        put_ml(base, nsub, 0u, hc, rs, mlq, m0, l0);
+        if (HQ > 1u) { put_ml(base, nsub, 1u, hc, rs, mlq, m1, l1); }
+        if (HQ > 2u) { put_ml(base, nsub, 2u, hc, rs, mlq, m2, l2); }
+        if (HQ > 3u) { put_ml(base, nsub, 3u, hc, rs, mlq, m3, l3); }
     }
 }

@@ -6,6 +6,7 @@ pub mod case;
 pub mod error;
 pub mod gpu;
 pub mod indexer;
+pub mod nsa;
 pub mod ops;
 pub mod paged;
 pub mod shaders;

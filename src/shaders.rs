@@ -24,6 +24,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/nsa_attention.wgsl"),
     ),
     (
+        "common/attention.wgsl",
+        include_str!("../shaders/common/attention.wgsl"),
+    ),
+    (
         "qsa_prepare.wgsl",
         include_str!("../shaders/qsa_prepare.wgsl"),
     ),
@@ -68,12 +72,29 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/sparse_attention.wgsl"),
     ),
     (
+        "sparse_attention_route.wgsl",
+        include_str!("../shaders/sparse_attention_route.wgsl"),
+    ),
+    (
+        "sparse_attention_combine.wgsl",
+        include_str!("../shaders/sparse_attention_combine.wgsl"),
+    ),
+    (
         "bench_copy.wgsl",
         include_str!("../shaders/bench_copy.wgsl"),
     ),
+    (
+        "nsa_compress_paged.wgsl",
+        include_str!("../shaders/nsa_compress_paged.wgsl"),
+    ),
+    (
+        "nsa_select_expand.wgsl",
+        include_str!("../shaders/nsa_select_expand.wgsl"),
+    ),
 ];
 
-/// The operator shaders (files outside `common/`), by operator name.
+/// The pipeline shaders (files outside `common/`): one per operator, or per stage of one, by
+/// name.
 pub fn operators() -> impl Iterator<Item = &'static str> {
     FILES
         .iter()

@@ -328,6 +328,26 @@ pub fn compare_selection(
     Ok(accepted)
 }
 
+/// Tolerance for outputs that are f32 weighted sums of inputs stored as `dtype`, rounded to it
+/// once (NSA's compressed windows and its compressed-branch output): f32 noise, or about one
+/// unit in the last place of the half types.
+pub fn weighted_sum_tol(dtype: DType) -> Tol {
+    match dtype {
+        DType::F32 => Tol {
+            abs: 2e-5,
+            rel: 1e-4,
+        },
+        DType::F16 => Tol {
+            abs: 4e-3,
+            rel: 2e-3,
+        },
+        _ => Tol {
+            abs: 3e-2,
+            rel: 1.6e-2,
+        },
+    }
+}
+
 /// Tolerance for attention outputs stored as `dtype`: weighted means of V rows whose f32 sums
 /// run over up to a few thousand tokens in an order that differs between CPU and GPU, then
 /// rounded once (so half types may differ by one unit in the last place).

@@ -1,10 +1,13 @@
 //! block_score: GPU against the CPU reference over ragged batches, Hs > 1, r = 1 (DSA) with
 //! negative weights, key counts that cut visibility, widths that are multiples of nothing; the
-//! chunked path equals the direct one.
+//! chunked path equals the direct one; both tilings give identical scores at tile edges.
 
 mod util;
 
-use qsa_wgpu::ops::block_score::{cpu, gpu, gpu_chunked, BlockScoreAttrs, BlockScoreInputs};
+use qsa_wgpu::ops::block_score::{
+    cpu, dispatch_score, gpu, gpu_chunked, gpu_tiled, BlockScoreAttrs, BlockScoreInputs,
+    BlockScoreParams, ScoreBuffers, Tiling,
+};
 use qsa_wgpu::testing::{compare, Rng, Tol};
 use qsa_wgpu::{DType, Tensor};
 
@@ -170,4 +173,95 @@ fn chunked_equals_direct() {
         assert_eq!(chunked, direct, "chunk of {chunk} rows");
     }
     compare(&direct, &cpu(&p.inputs(), &a).unwrap(), TOL).unwrap();
+}
+
+#[test]
+fn tilings_agree_at_tile_edges() {
+    // Row tiles hold 24 rows and block tiles 1024 blocks: rows and widths here are multiples of
+    // neither, sequences start mid-tile (one is empty), the early rows of the long-cached
+    // sequence leave whole block tiles masked, chunks start mid-tile, and some widths (Di = 36
+    // in f16/bf16, Di = 10) take the element-by-element path (always in one-row tiles).
+    let ctx = util::ctx();
+    let mut rng = Rng::new(77);
+    let rows = [30, 1, 0, 25, 49];
+    let cached = [0, 13, 5, 5000, 2];
+    let cases = [
+        (DType::F32, 4, 1, 128, 4, false, false),
+        (DType::BF16, 4, 2, 128, 4, true, true),
+        (DType::F16, 8, 2, 36, 1, true, false),
+        (DType::BF16, 6, 3, 36, 4, false, true),
+        (DType::F32, 4, 1, 10, 3, true, true),
+        (DType::F32, 1, 1, 36, 4, false, false),
+    ];
+    for (dt, hi, hs, di, r, weights, counts) in cases {
+        let w = (5000 + 25) / r + 3;
+        let p = problem(&mut rng, dt, &rows, &cached, hi, di, w, weights, counts);
+        let a = BlockScoreAttrs {
+            ratio: r,
+            num_selection_heads: hs,
+            scale: None,
+        };
+        let want = cpu(&p.inputs(), &a).unwrap();
+        let run = |chunk: Option<usize>, tiling: Tiling| {
+            pollster::block_on(gpu_tiled(&ctx, &p.inputs(), &a, chunk, Some(tiling))).unwrap()
+        };
+        let rows_tiled = run(None, Tiling::RowTiles);
+        compare(&rows_tiled, &want, TOL)
+            .unwrap_or_else(|e| panic!("{dt} hi={hi} hs={hs} di={di} r={r} row tiles: {e}"));
+        for (chunk, tiling) in [
+            (None, Tiling::OneRow),
+            (Some(7), Tiling::RowTiles),
+            (Some(50), Tiling::RowTiles),
+            (Some(13), Tiling::OneRow),
+        ] {
+            assert_eq!(
+                run(chunk, tiling),
+                rows_tiled,
+                "{dt} hi={hi} hs={hs} di={di} r={r}: {tiling:?} in chunks of {chunk:?} rows"
+            );
+        }
+    }
+}
+
+#[test]
+fn query_and_key_buffers_must_end_on_a_word() {
+    // The shader reads both in 16-byte words; a buffer of 20 bytes (5 f32 keys of one channel,
+    // bound by hand rather than through GpuTensor, which pads) is refused before dispatch.
+    let ctx = util::ctx();
+    let buf = |size: u64| {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    };
+    let (good, odd) = (buf(32), buf(20));
+    let prm = BlockScoreParams {
+        rows: 1,
+        n: 1,
+        hi: 1,
+        hs: 1,
+        di: 1,
+        r: 1,
+        max_blocks: 5,
+        ..Default::default()
+    };
+    let bufs = |query, keys| ScoreBuffers {
+        query,
+        keys,
+        row_offsets: &good,
+        lens: &good,
+        weights: None,
+        scores: &good,
+        flags: &good,
+    };
+    assert!(dispatch_score(&ctx, DType::F32, &prm, &bufs(&good, &good)).is_ok());
+    for (q, k, name) in [(&odd, &good, "index_query"), (&good, &odd, "block_keys")] {
+        let e = dispatch_score(&ctx, DType::F32, &prm, &bufs(q, k))
+            .err()
+            .unwrap_or_else(|| panic!("a {name} buffer of 20 bytes was accepted"))
+            .to_string();
+        assert!(e.contains(name) && e.contains("16"), "{e}");
+    }
 }

@@ -220,6 +220,95 @@ fn more_rows_than_one_grid_dimension() {
     check(&scores, [t, hs, w], k, "65,600 rows");
 }
 
+/// Rows with exactly k, k ± 1 (and fewer, and all) candidates, widths that are not multiples of
+/// the 256-invocation workgroup, and the block-causal shape of a prefill: the count path, the
+/// radix path, and the column-ordered compaction across invocation chunks.
+#[test]
+fn candidates_around_k_and_ragged_widths() {
+    let mut rng = Rng::new(0x70c4);
+    for (w, k) in [(2048, 512), (1000, 300), (2500, 700), (257, 64), (300, 299)] {
+        let counts = [0, 1, k - 1, k, k + 1, w / 2, w - 1, w];
+        let (t, hs) = (counts.len(), 2);
+        let mut scores = vec![NEG_INF; t * hs * w];
+        for (r, row) in scores.chunks_mut(w).enumerate() {
+            let n = counts[r / hs].min(w);
+            // Head 0: candidates at the front (block-causal); head 1: scattered and tied.
+            if r % hs == 0 {
+                for x in &mut row[..n] {
+                    *x = rng.below(1 << 16) as f32 / 64.0 - 500.0;
+                }
+            } else {
+                let (mut c, mut have) = (0, 0);
+                while have < n {
+                    c = (c + 1 + rng.below(7)) % w;
+                    if row[c] == NEG_INF {
+                        row[c] = rng.below(5) as f32;
+                        have += 1;
+                    }
+                }
+            }
+        }
+        check(&scores, [t, hs, w], k, &format!("W = {w}, k = {k}"));
+    }
+}
+
+/// The select may stop with up to 128 extra keys in the last bucket (ranks past k dropped), but
+/// never with more than 2048 in all: small k, k near the limit, coarse and fine values.
+#[test]
+fn overshooting_buckets_near_k_and_the_limit() {
+    let mut rng = Rng::new(0x5ac);
+    for (w, k, coarse) in [
+        (2048, 5, false),
+        (4096, 2000, false),
+        (4096, 2000, true),
+        (3000, 1, true),
+    ] {
+        let scores: Vec<f32> = (0..2 * w)
+            .map(|_| {
+                if coarse {
+                    (rng.below(300) as f32) * 0.125
+                } else {
+                    rng.below(1 << 24) as f32 * 1e-3
+                }
+            })
+            .collect();
+        check(
+            &scores,
+            [2, 1, w],
+            k,
+            &format!("W = {w}, k = {k}, coarse {coarse}"),
+        );
+    }
+}
+
+/// One value everywhere: the order is the columns' order, across every invocation's chunk.
+#[test]
+fn all_tied_rows_keep_column_order() {
+    for (w, k) in [(3000, 700), (2048, 2048), (65536, 2048), (777, 5)] {
+        let scores = vec![1.5f32; 2 * w];
+        check(
+            &scores,
+            [1, 2, w],
+            k,
+            &format!("all tied, W = {w}, k = {k}"),
+        );
+    }
+}
+
+/// A block-causal prefill: row p has (p + 1) / 4 candidates in front, the rest -inf.
+#[test]
+fn block_causal_prefill_rows() {
+    let mut rng = Rng::new(0xb10c);
+    let (t, w, k) = (1200, 512, 128);
+    let mut scores = vec![NEG_INF; t * w];
+    for (p, row) in scores.chunks_mut(w).enumerate() {
+        for x in &mut row[..((p + 1) / 4).min(w)] {
+            *x = rng.below(1000) as f32 * 0.25;
+        }
+    }
+    check(&scores, [t, 1, w], k, "block-causal prefill");
+}
+
 fn attrs(pairs: &[(&str, serde_json::Value)]) -> AttrMap {
     pairs
         .iter()

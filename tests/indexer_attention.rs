@@ -263,3 +263,52 @@ fn misuse_is_a_typed_error() {
     let q = Tensor::zeros(DType::F32, &[1, H, E]);
     assert!(pollster::block_on(ix.step_with_attention(&[1, 0, 0], &qi, &q)).is_err());
 }
+
+#[test]
+fn tiny_pool_shards_give_the_same_step() {
+    // pool_shard_pages = 1 and 2: every KV page in its own (or a pair's) storage buffer, pages
+    // handed out shuffled, so one row's tokens spread over many shards; the step must equal the
+    // CPU twin over the host mirror, and dense attention when every block is selected.
+    let mut rng = Rng::new(84);
+    for (dt, shard_pages, k) in [(DType::F32, 1, 5), (DType::BF16, 2, 48)] {
+        let cfg = IndexerConfig {
+            pool_shard_pages: Some(shard_pages),
+            ..config(
+                dt,
+                k,
+                1,
+                Some(vec![0.5, -1.0, 2.0, 0.0, 1.0, -3.0, 0.25, 4.0]),
+            )
+        };
+        let sinks = cfg.attention.as_ref().unwrap().sinks.clone();
+        let mut ix = layer(&cfg, &mut rng);
+        let mut hist = History::default();
+        let mut groups = 0;
+        for (i, counts) in [[60, 37, 5], [1, 40, 1], [1, 1, 1], [33, 1, 2]]
+            .iter()
+            .enumerate()
+        {
+            let (qi, q) = feed(&mut ix, &mut rng, &mut hist, counts);
+            let got = gpu(&mut ix, counts, &qi, &q);
+            let want = ix.step_cpu_with_attention(counts, &qi, &q).unwrap();
+            assert_eq!(got["token_indices"], want["token_indices"], "step {i}");
+            compare(&got["out"], &want["out"], attention_tol(dt))
+                .unwrap_or_else(|e| panic!("{dt} shards of {shard_pages} step {i}: {e}"));
+            if k == 48 {
+                let lens: Vec<usize> = (0..3).map(|s| ix.len(s)).collect();
+                let dense = dense(&hist, &lens, counts, &q, sinks.as_deref());
+                let dense = Tensor::from_f32(dt, &got["out"].shape, &dense);
+                compare(&got["out"], &dense, attention_tol(dt))
+                    .unwrap_or_else(|e| panic!("{dt} step {i}: dense: {e}"));
+            }
+            if i == 0 {
+                groups = ix.bind_groups_created();
+            }
+        }
+        assert_eq!(
+            ix.bind_groups_created(),
+            groups,
+            "a bind group after step 0"
+        );
+    }
+}

@@ -1,15 +1,19 @@
 //! Every shader is parsed, validated and translated to SPIR-V, MSL and HLSL by naga, with no
-//! GPU, for each storage type; every `<Op>Params` struct is checked against naga's layout of
-//! its WGSL twin. All failures are reported together, each with its shader's name.
+//! GPU, for each entry point, storage type and value of its other switches (`VEC`); every
+//! `<Op>Params` struct is checked against naga's layout of its WGSL twin. All failures are
+//! reported together, each with its shader's name.
 
 use qsa_wgpu::gpu::BenchCopyParams;
+use qsa_wgpu::nsa;
 use qsa_wgpu::ops::{
     block_score, block_topk, expand_route, nsa_compress, nsa_compress_attention,
     qsa_compress_paged, qsa_prepare, qsa_prepare_query, sparse_attention,
 };
 use qsa_wgpu::shaders;
 
-fn translate(name: &str, t_kind: u32) -> Result<(), String> {
+/// Translates entry point `ep` of shader `name` with the given override values (those the
+/// shader does not declare are skipped).
+fn translate(name: &str, ep: &str, overrides: &[(&str, u32)]) -> Result<(), String> {
     let src = shaders::assemble(name).map_err(|e| e.to_string())?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
     let info = naga::valid::Validator::new(
@@ -20,14 +24,16 @@ fn translate(name: &str, t_kind: u32) -> Result<(), String> {
     .map_err(|e| format!("validate: {e:?}"))?;
     let mut consts = naga::back::PipelineConstants::default();
     // Shaders without activations (integer-only stages) have no T_KIND override.
-    if module
-        .overrides
-        .iter()
-        .any(|(_, o)| o.name.as_deref() == Some("T_KIND"))
-    {
-        consts.insert("T_KIND".to_string(), t_kind as f64);
+    for (k, v) in overrides {
+        if module
+            .overrides
+            .iter()
+            .any(|(_, o)| o.name.as_deref() == Some(*k))
+        {
+            consts.insert(k.to_string(), *v as f64);
+        }
     }
-    let ep = module.entry_points[0].name.clone();
+    let ep = ep.to_string();
     let (module, info) = naga::back::pipeline_constants::process_overrides(
         &module,
         &info,
@@ -66,15 +72,36 @@ fn translate(name: &str, t_kind: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Entry points of shader `name`, and whether it declares the `VEC` switch.
+fn entry_points(name: &str) -> (Vec<String>, bool) {
+    let src = shaders::assemble(name).unwrap();
+    match naga::front::wgsl::parse_str(&src) {
+        Ok(m) => (
+            m.entry_points.iter().map(|e| e.name.clone()).collect(),
+            m.overrides
+                .iter()
+                .any(|(_, o)| o.name.as_deref() == Some("VEC")),
+        ),
+        // Reported by translate.
+        Err(_) => (vec!["main".to_string()], false),
+    }
+}
+
 #[test]
 fn every_shader_validates_and_translates() {
     let mut failures = Vec::new();
     let mut count = 0;
     for name in shaders::operators() {
-        for kind in 0..3 {
-            count += 1;
-            if let Err(e) = translate(name, kind) {
-                failures.push(format!("{name} (T_KIND={kind}): {e}"));
+        let (eps, has_vec) = entry_points(name);
+        let vecs: &[u32] = if has_vec { &[0, 1] } else { &[1] };
+        for ep in eps {
+            for kind in 0..3 {
+                for &vec in vecs {
+                    count += 1;
+                    if let Err(e) = translate(name, &ep, &[("T_KIND", kind), ("VEC", vec)]) {
+                        failures.push(format!("{name}::{ep} (T_KIND={kind}, VEC={vec}): {e}"));
+                    }
+                }
             }
         }
     }
@@ -231,6 +258,51 @@ fn params_structs_match_wgsl_layout() {
             c_max, w, causal, scale, _pad0, _pad1
         ]
     );
+    // The three stages of sparse_attention include one struct (common/attention.wgsl).
+    for shader in [
+        "sparse_attention_route",
+        "sparse_attention",
+        "sparse_attention_combine",
+    ] {
+        check_params!(
+            shader,
+            sparse_attention::SparseAttentionParams,
+            "SparseAttentionParams",
+            [
+                t,
+                n,
+                h,
+                hkv,
+                hs,
+                e,
+                w,
+                hc,
+                segs,
+                chunks,
+                cblocks,
+                splits,
+                split_len,
+                page_size,
+                page_stride,
+                num_pages,
+                max_pages,
+                k_off,
+                v_off,
+                shard,
+                shards,
+                shard_pages,
+                row_base,
+                rows,
+                has_sinks,
+                scale,
+                phases,
+                ev,
+                dp,
+                _pad0,
+                _pad1
+            ]
+        );
+    }
     check_params!(
         "bench_copy",
         BenchCopyParams,
@@ -238,30 +310,32 @@ fn params_structs_match_wgsl_layout() {
         [words, stride, _pad0, _pad1]
     );
     check_params!(
-        "sparse_attention",
-        sparse_attention::SparseAttentionParams,
-        "SparseAttentionParams",
+        nsa::COMPRESS_SHADER,
+        nsa::NsaCompressPagedParams,
+        "NsaCompressPagedParams",
         [
-            t,
-            n,
-            h,
-            hkv,
-            hs,
-            e,
-            w,
-            parts,
-            hc,
+            words,
+            total,
+            batches,
+            heads,
+            width,
+            head_dim,
+            plane_off,
             page_size,
             page_stride,
             num_pages,
             max_pages,
-            k_off,
-            v_off,
-            has_sinks,
-            scale,
-            _pad0,
-            _pad1,
-            _pad2
+            l,
+            d,
+            cmp_page,
+            cmp_blocks,
+            max_cmp_blocks
         ]
+    );
+    check_params!(
+        nsa::EXPAND_SHADER,
+        nsa::NsaSelectExpandParams,
+        "NsaSelectExpandParams",
+        [t, hs, k, lsel, width, _pad0, _pad1, _pad2]
     );
 }

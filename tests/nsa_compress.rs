@@ -13,20 +13,7 @@ use qsa_wgpu::testing::{compare, Rng, Tol};
 use qsa_wgpu::{gpu::GpuTensor, DType, Error, Tensor};
 
 fn tol(dt: DType) -> Tol {
-    match dt {
-        DType::F32 => Tol {
-            abs: 2e-5,
-            rel: 2e-5,
-        },
-        DType::F16 => Tol {
-            abs: 4e-3,
-            rel: 2e-3,
-        },
-        _ => Tol {
-            abs: 3e-2,
-            rel: 1.6e-2,
-        },
-    }
+    qsa_wgpu::testing::weighted_sum_tol(dt)
 }
 
 #[test]

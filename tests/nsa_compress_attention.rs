@@ -298,3 +298,29 @@ fn splits_and_tiles() {
         check(&ctx, &p, &what);
     }
 }
+
+#[test]
+fn long_cache() {
+    // The paper's group (G = 16, Dqk = 192): the one-pass kernel this replaced was refused on
+    // llvmpipe past 896 compressed tokens (its loop limit). The staged kernel bounds each
+    // invocation's loops by its splits, so 1024 and 4096 compressed tokens run and match the
+    // CPU on every adapter; the modelled bound stays far under the budget.
+    use qsa_wgpu::ops::nsa_compress_attention::{loop_iterations, validate};
+    use qsa_wgpu::ops::sparse_attention::LLVMPIPE_LOOP_BUDGET;
+    let ctx = util::ctx();
+    let mut rng = Rng::new(65);
+    let mut geo = paper(DType::F32, TND);
+    (geo.n1, geo.n2, geo.causal, geo.k) = (16, 1, false, 16);
+    for c in [1024, 4096] {
+        let p = Problem::new(&mut rng, geo.clone(), &[1], &[c], &[(c - 1) * 16 + 32]);
+        let prm = validate(&p.inputs(), &p.attrs()).unwrap().params();
+        let iters = loop_iterations(&prm);
+        assert!(iters * 10 < LLVMPIPE_LOOP_BUDGET, "c = {c}: {iters}");
+        check(&ctx, &p, &format!("c = {c}"));
+    }
+    // Past about 808K compressed tokens (page 1) the model would refuse on llvmpipe.
+    let p = Problem::new(&mut rng, geo.clone(), &[1], &[64], &[63 * 16 + 32]);
+    let mut prm = validate(&p.inputs(), &p.attrs()).unwrap().params();
+    (prm.c_max, prm.w, prm.page) = (1 << 20, 1 << 18, 1);
+    assert!(loop_iterations(&prm) > LLVMPIPE_LOOP_BUDGET);
+}

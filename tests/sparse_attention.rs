@@ -1,12 +1,19 @@
 //! sparse_attention: GPU against the CPU reference for f32/f16/bf16 — Qwen3.8-Flash-Next's GQA
 //! shape at the full 2051-token width, MHA, Hs > 1 splitting KV groups, groups that take several
 //! passes, odd E and W, ragged batches mixing prefill and decode rows, multi-layer strided pools
-//! with shuffled pages whose unused memory is garbage; sinks; empty rows; a hand-checked case.
+//! with shuffled pages whose unused memory is garbage; sinks; empty rows; a hand-checked case;
+//! values narrower or wider than keys (`v_head_dim`, NSA's Dqk = 192 / Dv = 128).
+//! Through the device entry points: token-list splits and their boundaries, a pool in shards of
+//! whole pages (tokens spread over them, a bad page flagged), sinks merged after the splits,
+//! head chunks and channel blocks, values of their own width over shards and splits.
 
 mod util;
 
+use qsa_wgpu::gpu::{GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
-    cpu, gpu, heads_per_pass, SparseAttentionAttrs, SparseAttentionInputs,
+    cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, heads_per_pass_kv,
+    pack_seqs, params_kv, plan_attention, scratch_buffer, validate, AttentionBuffers,
+    ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -25,6 +32,15 @@ struct Shape {
     layer: usize,
     /// Pages `stride_mul` packed pages apart.
     stride_mul: usize,
+    /// Value channels Ev; the pool's head_dim is max(E, Ev), the rest of each row garbage.
+    ev: usize,
+}
+
+impl Shape {
+    /// Channels of a pool row per head.
+    fn dp(&self) -> usize {
+        self.e.max(self.ev)
+    }
 }
 
 fn shape(h: usize, hkv: usize, hs: usize, e: usize, w: usize) -> Shape {
@@ -38,6 +54,7 @@ fn shape(h: usize, hkv: usize, hs: usize, e: usize, w: usize) -> Shape {
         layers: 1,
         layer: 0,
         stride_mul: 1,
+        ev: e,
     }
 }
 
@@ -55,7 +72,7 @@ struct Data {
 /// 0 ..= p in random order (often the full W); the slots past its count hold junk.
 fn data(rng: &mut Rng, s: &Shape, seqs: &[(usize, usize)], sinks: bool) -> Data {
     let rows: usize = seqs.iter().map(|x| x.1).sum();
-    let width = s.hkv * s.e;
+    let width = s.hkv * s.dp();
     let kv = seqs
         .iter()
         .map(|&(c, r)| (rng.normals((c + r) * width), rng.normals((c + r) * width)))
@@ -133,7 +150,7 @@ impl Problem {
 /// of `pages(s, d)`), `s.stride_mul` packed pages apart.
 fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Problem {
     let np = order.len();
-    let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.e);
+    let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.dp());
     let mut pool = PagedPool::new(layout, dt, order);
     pool.data = rng.tensor(dt, &[layout.required_elems()]);
     let mut ids = Vec::new();
@@ -141,7 +158,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
         let id = pool.add_sequence();
         pool.append(id, 0, s.layer, k).unwrap();
         pool.append(id, 1, s.layer, v).unwrap();
-        pool.commit(id, k.len() / (s.hkv * s.e));
+        pool.commit(id, k.len() / (s.hkv * s.dp()));
         ids.push(id);
     }
     let max_pages = d
@@ -161,7 +178,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
             strided.data[dst..dst + pe * es]
                 .copy_from_slice(&pool_t.data[i * pe * es..][..pe * es]);
         }
-        strided.shape = vec![np * s.stride_mul, 2, s.layers, s.page, s.hkv, s.e];
+        strided.shape = vec![np * s.stride_mul, 2, s.layers, s.page, s.hkv, s.dp()];
         pool_t = strided;
     }
     let rows: usize = d.seqs.iter().map(|x| x.1).sum();
@@ -186,6 +203,7 @@ fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Pr
             scale: None,
             layer_idx: s.layer,
             page_stride: (s.stride_mul > 1).then_some((s.stride_mul * pe) as i64),
+            v_head_dim: (s.ev != s.e).then_some(s.ev),
         },
     }
 }
@@ -323,6 +341,7 @@ fn by_hand() {
         scale: Some(1.0),
         layer_idx: 0,
         page_stride: None,
+        v_head_dim: None,
     };
     let e = std::f32::consts::E;
     for (sinks, extra) in [(None, 0.0), (Some(&sink), 1.0)] {
@@ -346,5 +365,459 @@ fn by_hand() {
             assert!((c[i] - want[i]).abs() < 1e-6, "cpu {c:?} want {want:?}");
             assert!((g[i] - want[i]).abs() < 1e-6, "gpu {g:?} want {want:?}");
         }
+    }
+}
+
+/// What one device run changes from the problem's own call.
+#[derive(Default)]
+struct Run {
+    /// Pool shards of this many pages (`None`: one buffer).
+    shard_pages: Option<usize>,
+    /// Splits of this many list entries (`None`: the planned ones).
+    split_len: Option<u32>,
+    /// An edit of the `seqs` image (device data past the host checks).
+    seqs: Option<fn(&mut Vec<u32>)>,
+}
+
+/// Runs `p` through `encode_attention` / `encode_attention_sharded`; returns the output and the
+/// flag word.
+fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
+    let ctx = util::ctx();
+    let x = p.inputs();
+    let plan = validate(&x, &p.attrs).unwrap();
+    let mut prm: SparseAttentionParams = params_kv(&plan.geo, plan.e, plan.ev).unwrap();
+    if let Some(len) = run.split_len {
+        prm.split_len = len;
+        prm.splits = prm.w.div_ceil(len).max(1);
+    }
+    let mut seqs = pack_seqs(&plan.offsets, &plan.cache, &plan.table)
+        .to_i64()
+        .iter()
+        .map(|&v| v as u32)
+        .collect::<Vec<u32>>();
+    if let Some(edit) = run.seqs {
+        edit(&mut seqs);
+    }
+    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
+    let query = up(x.query);
+    let seqs = up(&Tensor::from_u32(&[seqs.len()], &seqs));
+    let (tokens, counts) = (up(x.token_indices), up(x.token_count));
+    let sinks = x.sinks.map(up);
+    let shape = vec![plan.geo.t, plan.geo.h, plan.ev];
+    let out = GpuTensor::filled(&ctx, "out", plan.dt, &shape, 0xff).unwrap();
+    let flags = up(&Tensor::from_u32(&[1], &[0]));
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let l = plan.geo.layout;
+    match run.shard_pages {
+        None => {
+            let pool = up(x.kv_blocks);
+            let b = AttentionBuffers {
+                query: &query.buffer,
+                pool: &pool.buffer,
+                seqs: &seqs.buffer,
+                token_indices: &tokens.buffer,
+                token_count: &counts.buffer,
+                sinks: sinks.as_ref().map(|s| &s.buffer),
+                out: &out.buffer,
+                flags: &flags.buffer,
+            };
+            pollster::block_on(encode_attention(&ctx, &mut enc, plan.dt, &prm, &b)).unwrap();
+        }
+        Some(sp) => {
+            // Shard k holds pages k·sp … as laid out in the whole pool.
+            let es = plan.dt.size();
+            let bytes = &x.kv_blocks.data;
+            let shards: Vec<GpuTensor> = (0..l.num_pages)
+                .step_by(sp)
+                .map(|lo| {
+                    let a = lo * l.page_stride * es;
+                    let b = (((lo + sp).min(l.num_pages) * l.page_stride) * es).min(bytes.len());
+                    let t =
+                        Tensor::from_bytes(plan.dt, &[(b - a) / es], bytes[a..b].to_vec()).unwrap();
+                    up(&t)
+                })
+                .collect();
+            let cap = ctx.limits.max_storage_buffer_binding_size;
+            let ap = plan_attention(&ctx, &prm, sp, cap, cap).unwrap();
+            let partials = scratch_buffer(&ctx, "test.partials", ap.partials_bytes);
+            let routes = scratch_buffer(&ctx, "test.routes", ap.routes_bytes);
+            let b = ShardedAttentionBuffers {
+                query: &query.buffer,
+                pool: shards.iter().map(|s| &s.buffer).collect(),
+                shard_pages: sp,
+                seqs: &seqs.buffer,
+                token_indices: &tokens.buffer,
+                token_count: &counts.buffer,
+                sinks: sinks.as_ref().map(|s| &s.buffer),
+                out: &out.buffer,
+                flags: &flags.buffer,
+                partials: &partials,
+                routes: &routes,
+            };
+            pollster::block_on(encode_attention_sharded(&ctx, &mut enc, plan.dt, &prm, &b))
+                .unwrap();
+        }
+    }
+    pollster::block_on(ctx.submit("test", enc)).unwrap();
+    let got = Readback::new(&ctx, &[(&out.buffer, out.bytes()), (&flags.buffer, 4)])
+        .blocking(&ctx)
+        .unwrap();
+    let f = u32::from_le_bytes(got[1][..4].try_into().unwrap());
+    (
+        Tensor::from_bytes(plan.dt, &shape, got[0].clone()).unwrap(),
+        f,
+    )
+}
+
+/// Gives row `row` of `d` (of the problem's shape `s`, at position `p`) exactly `count` tokens,
+/// a random subset of 0 ..= p, and junk after them.
+fn set_count(rng: &mut Rng, s: &Shape, d: &mut Data, row: usize, p: usize, count: usize) {
+    for g in 0..s.hs {
+        let perm = rng.permutation(p + 1);
+        let r = &mut d.tokens[(row * s.hs + g) * s.w..][..s.w];
+        for (j, slot) in r.iter_mut().enumerate() {
+            *slot = if j < count { perm[j] as i32 } else { -1 };
+        }
+        d.counts[row * s.hs + g] = count as i32;
+    }
+}
+
+#[test]
+fn splits_and_their_boundaries() {
+    // Counts on both sides of every split boundary (splits of 256 entries), 0 and 1, and W;
+    // then the planned splits at Qwen's width.
+    let mut rng = Rng::new(31);
+    let s = shape(8, 2, 1, 64, 700);
+    let counts = [0, 1, 63, 64, 255, 256, 257, 511, 512, 513, 699, 700];
+    let seqs = [(800, counts.len())];
+    for dt in [DType::F32, DType::BF16] {
+        let mut d = data(&mut rng, &s, &seqs, dt == DType::BF16);
+        for (row, &c) in counts.iter().enumerate() {
+            set_count(&mut rng, &s, &mut d, row, 800 + row, c);
+        }
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, dt, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        for split_len in [Some(256), Some(512), None] {
+            let run = Run {
+                split_len,
+                ..Default::default()
+            };
+            let (got, f) = run_device(&p, &run);
+            assert_eq!(f, 0);
+            compare(&got, &want, attention_tol(dt))
+                .unwrap_or_else(|e| panic!("{dt} splits of {split_len:?}: {e}"));
+        }
+    }
+    let s = shape(24, 2, 1, 256, 2051);
+    let d = data(&mut rng, &s, &[(4000, 2)], false);
+    let order = rng.permutation(pages(&s, &d));
+    let p = problem(&mut rng, DType::BF16, &s, &d, order);
+    let (got, _) = run_device(&p, &Run::default());
+    compare(
+        &got,
+        &cpu(&p.inputs(), &p.attrs).unwrap(),
+        attention_tol(DType::BF16),
+    )
+    .unwrap();
+}
+
+#[test]
+fn sharded_pool_matches_one_buffer() {
+    // Pages shuffled over the pool, so each row's tokens spread over the shards; up to 45
+    // shards, shards that do not divide the pool, a strided multi-layer pool.
+    let mut rng = Rng::new(32);
+    let strided = Shape {
+        layers: 2,
+        layer: 1,
+        stride_mul: 2,
+        page: 8,
+        ..shape(6, 2, 3, 40, 90)
+    };
+    for (dt, s) in [
+        (DType::F32, shape(8, 2, 2, 64, 300)),
+        (DType::F16, strided),
+        (DType::BF16, shape(24, 2, 1, 256, 520)),
+    ] {
+        let d = data(&mut rng, &s, &[(400, 2), (0, 30), (250, 1)], true);
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, dt, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        let (one, f) = run_device(&p, &Run::default());
+        assert_eq!(f, 0);
+        compare(&one, &want, attention_tol(dt)).unwrap();
+        for sp in [2, 3, 7] {
+            for split_len in [None, Some(256)] {
+                let run = Run {
+                    shard_pages: Some(sp),
+                    split_len,
+                    ..Default::default()
+                };
+                let (got, f) = run_device(&p, &run);
+                assert_eq!(f, 0, "{dt} shards of {sp}");
+                compare(&got, &want, attention_tol(dt))
+                    .unwrap_or_else(|e| panic!("{dt} {s:?} shards of {sp}: {e}"));
+                compare(&got, &one, attention_tol(dt))
+                    .unwrap_or_else(|e| panic!("{dt} shards of {sp} vs one buffer: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn sharded_pool_flags_a_bad_page() {
+    let mut rng = Rng::new(33);
+    let s = shape(4, 1, 1, 32, 200);
+    let d = data(&mut rng, &s, &[(300, 2)], false);
+    let np = pages(&s, &d);
+    let order = rng.permutation(np);
+    let p = problem(&mut rng, DType::F32, &s, &d, order);
+    // seqs = [row_offsets (2) | cache_lengths (1) | table]: column 0 of the table past the pool.
+    let run = Run {
+        shard_pages: Some(4),
+        seqs: Some(|v| v[3] = 1 << 20),
+        ..Default::default()
+    };
+    let (got, f) = run_device(&p, &run);
+    assert_eq!(f, 8, "flags {f:#x}");
+    assert!(
+        got.to_f32().iter().all(|v| v.is_finite()),
+        "an output was left unwritten"
+    );
+}
+
+#[test]
+fn sinks_are_merged_after_the_splits() {
+    // Sinks −inf, far above and far below every score, 0, with lists over several splits,
+    // an empty row and a one-token row.
+    let mut rng = Rng::new(34);
+    let s = shape(8, 2, 2, 48, 600);
+    let mut d = data(&mut rng, &s, &[(700, 4)], true);
+    d.sinks = Some(vec![
+        f32::NEG_INFINITY,
+        60.0,
+        -60.0,
+        0.0,
+        3.0,
+        f32::NEG_INFINITY,
+        30.0,
+        -2.0,
+    ]);
+    set_count(&mut rng, &s, &mut d, 1, 701, 0);
+    set_count(&mut rng, &s, &mut d, 2, 702, 1);
+    set_count(&mut rng, &s, &mut d, 3, 703, 600);
+    for dt in [DType::F32, DType::F16] {
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, dt, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        for run in [
+            Run::default(),
+            Run {
+                split_len: Some(256),
+                shard_pages: Some(5),
+                ..Default::default()
+            },
+        ] {
+            let (got, _) = run_device(&p, &run);
+            compare(&got, &want, attention_tol(dt)).unwrap_or_else(|e| panic!("{dt}: {e}"));
+            // The empty row is 0 for every head, sink or not.
+            let row = &got.to_f32()[8 * 48..2 * 8 * 48];
+            assert!(row.iter().all(|&v| v == 0.0), "{dt}: empty row {row:?}");
+        }
+    }
+}
+
+#[test]
+fn head_chunks_and_channel_blocks() {
+    // 40 heads in one group (four chunks of ten), 20 heads per segment with Hs = 2, and
+    // E = 1032 (three channel blocks of the V step), over several splits.
+    let mut rng = Rng::new(35);
+    for (dt, s) in [
+        (DType::F32, shape(40, 1, 1, 256, 600)),
+        (DType::BF16, shape(40, 1, 2, 128, 300)),
+        (DType::F16, shape(6, 2, 1, 1032, 300)),
+    ] {
+        let d = data(&mut rng, &s, &[(620, 2), (0, 3)], true);
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, dt, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        for split_len in [None, Some(256)] {
+            let run = Run {
+                split_len,
+                ..Default::default()
+            };
+            let (got, f) = run_device(&p, &run);
+            assert_eq!(f, 0);
+            compare(&got, &want, attention_tol(dt))
+                .unwrap_or_else(|e| panic!("{dt} {s:?} splits {split_len:?}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn value_width_differs_from_key_width() {
+    // NSA's selected branch (H = 64, Hkv = Hs = 4, Dqk = 192, Dv = 128: 15 heads at most per
+    // workgroup, so two chunks of 8 per KV head), values wider than keys, several quads per lane on either side, and a strided
+    // multi-layer pool. The channels past E in K rows and past Ev in V rows are garbage.
+    let mut rng = Rng::new(192);
+    assert_eq!(heads_per_pass_kv(192, 128), 15);
+    let nsa = Shape {
+        ev: 128,
+        ..shape(64, 4, 4, 192, 300)
+    };
+    let shapes = [
+        nsa,
+        Shape {
+            ev: 72,
+            ..shape(6, 2, 3, 40, 70)
+        },
+        Shape {
+            ev: 300,
+            ..shape(8, 2, 1, 24, 33)
+        },
+        Shape {
+            ev: 5,
+            layers: 2,
+            layer: 1,
+            stride_mul: 2,
+            page: 7,
+            ..shape(12, 3, 2, 66, 19)
+        },
+    ];
+    let dts = [DType::BF16, DType::F32, DType::F16];
+    for (i, s) in shapes.iter().enumerate() {
+        let dt = dts[i % 3];
+        check(&mut rng, dt, s, &[(700, 1), (0, 9), (90, 4)], i % 2 == 1);
+    }
+    // The output has Ev channels; a pool whose head_dim is not max(E, Ev) is refused.
+    let s = Shape {
+        ev: 40,
+        ..shape(4, 2, 2, 24, 8)
+    };
+    let d = data(&mut rng, &s, &[(10, 2)], false);
+    let order = rng.permutation(pages(&s, &d));
+    let mut p = problem(&mut rng, DType::F32, &s, &d, order);
+    assert_eq!(cpu(&p.inputs(), &p.attrs).unwrap().shape, vec![2, 4, 40]);
+    for bad in [Some(8), Some(32), None] {
+        p.attrs.v_head_dim = bad;
+        let e = cpu(&p.inputs(), &p.attrs).unwrap_err().to_string();
+        assert!(e.contains("kv_blocks") && e.contains("head_dim"), "{e}");
+    }
+}
+
+#[test]
+fn value_width_over_shards_and_splits() {
+    // Values of their own width through the device entry points: NSA's selected branch at its
+    // full width W = k·l' = 1024 (H = 64, Hkv = Hs = 4, E = 192, Ev = 128: chunks of 8 heads,
+    // four phases), values wider than keys with two channel blocks (Ev = 1032 > 512), odd Ev,
+    // a strided multi-layer pool; pools in shards, lists in several splits.
+    let mut rng = Rng::new(193);
+    let shapes = [
+        (
+            DType::BF16,
+            Shape {
+                ev: 128,
+                ..shape(64, 4, 4, 192, 1024)
+            },
+        ),
+        (
+            DType::F32,
+            Shape {
+                ev: 1032,
+                ..shape(6, 2, 1, 40, 300)
+            },
+        ),
+        (
+            DType::F16,
+            Shape {
+                ev: 9,
+                layers: 2,
+                layer: 1,
+                stride_mul: 2,
+                page: 8,
+                ..shape(12, 3, 2, 66, 290)
+            },
+        ),
+    ];
+    for (dt, s) in shapes {
+        let d = data(&mut rng, &s, &[(1100, 1), (300, 2)], true);
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, dt, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        assert_eq!(want.shape, vec![3, s.h, s.ev]);
+        for run in [
+            Run::default(),
+            Run {
+                shard_pages: Some(7),
+                split_len: Some(256),
+                ..Default::default()
+            },
+        ] {
+            let (got, f) = run_device(&p, &run);
+            assert_eq!(f, 0, "{dt} {s:?}");
+            compare(&got, &want, attention_tol(dt))
+                .unwrap_or_else(|e| panic!("{dt} {s:?} shards {:?}: {e}", run.shard_pages));
+        }
+    }
+}
+
+#[test]
+fn value_width_refused_by_the_device_entry_points() {
+    // params_kv takes only a pool whose head_dim is max(E, Ev); a uniform block whose pool rows
+    // cannot hold E or Ev channels, or a pool buffer too small for its Dp-channel rows, is
+    // refused before anything is recorded.
+    let ctx = util::ctx();
+    let mut rng = Rng::new(194);
+    let s = Shape {
+        ev: 40,
+        ..shape(4, 2, 2, 24, 8)
+    };
+    let d = data(&mut rng, &s, &[(10, 2)], false);
+    let order = rng.permutation(pages(&s, &d));
+    let p = problem(&mut rng, DType::F32, &s, &d, order);
+    let x = p.inputs();
+    let plan = validate(&x, &p.attrs).unwrap();
+    for (e, ev) in [(24, 24), (24, 32), (48, 40), (24, 48)] {
+        let err = params_kv(&plan.geo, e, ev).unwrap_err().to_string();
+        assert!(err.contains("head_dim"), "E = {e}, Ev = {ev}: {err}");
+    }
+    let prm = params_kv(&plan.geo, 24, 40).unwrap();
+    assert_eq!((prm.e, prm.v_dim(), prm.pool_dim()), (24, 40, 40));
+    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
+    let query = up(x.query);
+    let seqs = up(&pack_seqs(&plan.offsets, &plan.cache, &plan.table));
+    let (tokens, counts) = (up(x.token_indices), up(x.token_count));
+    let out = GpuTensor::filled(&ctx, "out", DType::F32, &[2, 4, 40], 0).unwrap();
+    let flags = up(&Tensor::from_u32(&[1], &[0]));
+    let whole = up(x.kv_blocks);
+    // The same pool cut to rows of E channels: too small for Dp = 40.
+    let l = plan.geo.layout;
+    let short = Tensor::from_bytes(
+        DType::F32,
+        &[l.num_pages * l.page_stride * 24 / 40],
+        x.kv_blocks.data[..l.num_pages * l.page_stride * 24 / 40 * 4].to_vec(),
+    )
+    .unwrap();
+    let short = up(&short);
+    let bad_dp = SparseAttentionParams { dp: 32, ..prm };
+    for (prm, pool, what) in [
+        (bad_dp, &whole, "cannot hold"),
+        (prm, &short, "the call needs"),
+    ] {
+        let b = AttentionBuffers {
+            query: &query.buffer,
+            pool: &pool.buffer,
+            seqs: &seqs.buffer,
+            token_indices: &tokens.buffer,
+            token_count: &counts.buffer,
+            sinks: None,
+            out: &out.buffer,
+            flags: &flags.buffer,
+        };
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        let err = pollster::block_on(encode_attention(&ctx, &mut enc, DType::F32, &prm, &b))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kv_blocks") && err.contains(what), "{err}");
     }
 }

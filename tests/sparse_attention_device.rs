@@ -1,16 +1,17 @@
 //! sparse_attention beyond the host checks: values only the GPU sees (lengths, token indices,
 //! counts and page-table entries in device buffers) are clamped, skipped and flagged, never read
-//! out of bounds; the llvmpipe loop budget; and a case file through `qsa run`.
+//! out of bounds; the llvmpipe loop budget (NSA's geometry included) and the longest split it
+//! allows, for values as wide as keys or not; and a case file through `qsa run`.
 
 mod util;
 
 use qsa_wgpu::case::{read_tensors, Case};
 use qsa_wgpu::gpu::{GpuTensor, Readback};
-use qsa_wgpu::ops::common::check_flags;
+use qsa_wgpu::ops::common::{check_flags, read_checked};
 use qsa_wgpu::ops::sparse_attention::{
-    cpu, encode_attention, loop_iterations, pack_seqs, params, validate, AttentionBuffers,
-    AttentionGeometry, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
-    LLVMPIPE_LOOP_BUDGET,
+    cpu, encode_attention, loop_iterations, pack_seqs, params, params_kv, validate,
+    AttentionBuffers, AttentionGeometry, SparseAttentionAttrs, SparseAttentionInputs,
+    SparseAttentionParams, LLVMPIPE_LOOP_BUDGET,
 };
 use qsa_wgpu::ops::{AttrMap, TensorMap};
 use qsa_wgpu::paged::PoolLayout;
@@ -152,23 +153,61 @@ fn device_side_bad_values_are_flagged() {
 
 #[test]
 fn llvmpipe_loop_budget() {
-    let geo = |h: usize, hkv: usize, e: usize| AttentionGeometry {
+    let geo = |h: usize, hkv: usize, e: usize, w: usize| AttentionGeometry {
         t: 1,
         n: 1,
         h,
         hs: 1,
-        w: 2051,
+        w,
         layout: PoolLayout::packed(1, 1, 16, hkv, e),
         layer_idx: 0,
         max_pages: 1,
         scale: None,
         has_sinks: false,
     };
-    // Qwen3.8-Flash-Next's full width stays far below the budget.
-    let qwen = params(&geo(24, 2, 256)).unwrap();
-    assert!(loop_iterations(&qwen) < LLVMPIPE_LOOP_BUDGET * 3 / 5);
-    // A 64-head group at E = 256 takes six passes: past it.
-    let wide = params(&geo(64, 1, 256)).unwrap();
+    // Splits keep every workgroup within the budget, whatever the width: Qwen3.8-Flash-Next's,
+    // a 64-head group, and very long lists at the largest E.
+    for (h, hkv, e, w) in [
+        (24, 2, 256, 2051),
+        (64, 1, 256, 2051),
+        (4, 1, 2048, 200_000),
+    ] {
+        let p = params(&geo(h, hkv, e, w)).unwrap();
+        assert!(loop_iterations(&p) <= LLVMPIPE_LOOP_BUDGET, "{p:?}");
+        assert!(p.max_split_len() >= 256, "{p:?}");
+    }
+    // NSA's selected branch: H = 64, Hkv = Hs = N2 = 4, E = Dqk = 192, Ev = Dv = 128 over a
+    // pool of Dp = 192, W = k·l' = 1024. Its whole list fits one split within the budget, for
+    // one decode row (many short splits) or a full step.
+    let nsa = |t: usize| {
+        let g = AttentionGeometry {
+            t,
+            hs: 4,
+            w: 1024,
+            layout: PoolLayout::packed(1, 1, 64, 4, 192),
+            ..geo(64, 4, 192, 1024)
+        };
+        params_kv(&g, 192, 128).unwrap()
+    };
+    for t in [1, 4, 64] {
+        let p = nsa(t);
+        assert_eq!((p.e, p.v_dim(), p.pool_dim(), p.phases), (192, 128, 192, 4));
+        assert!(loop_iterations(&p) <= LLVMPIPE_LOOP_BUDGET, "{p:?}");
+        assert!(p.max_split_len() >= 1024, "{p:?}");
+    }
+    let mut whole = nsa(1);
+    whole.split_len = 1024;
+    whole.splits = 1;
+    assert!(
+        loop_iterations(&whole) <= LLVMPIPE_LOOP_BUDGET / 10,
+        "{whole:?}"
+    );
+    let long = params(&geo(4, 1, 2048, 200_000)).unwrap();
+    assert!(long.splits > 1 && (long.split_len as usize) <= long.max_split_len());
+    // One split over the whole long list is past it.
+    let mut wide = long;
+    wide.split_len = (200_000u32).div_ceil(256) * 256;
+    wide.splits = 1;
     assert!(loop_iterations(&wide) > LLVMPIPE_LOOP_BUDGET);
     let ctx = util::ctx();
     if !format!("{} {}", ctx.info.name, ctx.info.driver).contains("llvmpipe") {
@@ -194,6 +233,91 @@ fn llvmpipe_loop_budget() {
         e.contains("sparse_attention") && e.contains("token_indices") && e.contains("llvmpipe"),
         "{e}"
     );
+}
+
+/// A split as long as the budget allows still covers its whole list on the device (llvmpipe
+/// would stop a loop early, and the output would differ from the CPU's): keys and values of one
+/// width, NSA's keys of 192 channels with values of 128, values wider than keys.
+#[test]
+fn longest_split_covers_its_list() {
+    for (e, ev) in [(64, 64), (192, 128), (24, 300)] {
+        longest_split(e, ev);
+    }
+}
+
+fn longest_split(e: usize, ev: usize) {
+    let mut rng = Rng::new(12);
+    let (h, dp) = (4, e.max(ev));
+    let geo = |w: usize, pages: usize| AttentionGeometry {
+        t: 1,
+        n: 1,
+        h,
+        hs: 1,
+        w,
+        layout: PoolLayout::packed(pages, 1, 16, 1, dp),
+        layer_idx: 0,
+        max_pages: pages,
+        scale: None,
+        has_sinks: false,
+    };
+    let longest = params_kv(&geo(64, 4), e, ev).unwrap().max_split_len() / 256 * 256;
+    let w = longest + 1000;
+    let layout = PoolLayout::packed(w.div_ceil(16), 1, 16, 1, dp);
+    let mut m = TensorMap::new();
+    m.insert("query".into(), rng.tensor(DType::BF16, &[1, h, e]));
+    m.insert(
+        "kv_blocks".into(),
+        rng.tensor(DType::BF16, &[layout.num_pages, 2, 1, 16, 1, dp]),
+    );
+    let table: Vec<u32> = (0..layout.num_pages as u32).rev().collect();
+    m.insert(
+        "page_table".into(),
+        Tensor::from_u32(&[1, table.len()], &table),
+    );
+    m.insert("row_offsets".into(), Tensor::from_u32(&[2], &[0, 1]));
+    m.insert(
+        "cache_lengths".into(),
+        Tensor::from_u32(&[1], &[w as u32 - 1]),
+    );
+    let tokens: Vec<i32> = rng.permutation(w).iter().map(|&v| v as i32).collect();
+    m.insert(
+        "token_indices".into(),
+        Tensor::from_i32(&[1, 1, w], &tokens),
+    );
+    m.insert("token_count".into(), Tensor::from_i32(&[1, 1], &[w as i32]));
+    let x = SparseAttentionInputs::from_map(&m).unwrap();
+    let mut a = SparseAttentionAttrs::from_map(&AttrMap::new()).unwrap();
+    a.v_head_dim = (ev != e).then_some(ev);
+    let plan = validate(&x, &a).unwrap();
+    let mut prm = params_kv(&plan.geo, plan.e, plan.ev).unwrap();
+    prm.split_len = longest as u32;
+    prm.splits = 2;
+    assert!(loop_iterations(&prm) <= LLVMPIPE_LOOP_BUDGET, "{prm:?}");
+    let ctx = util::ctx();
+    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
+    let (q, pool) = (up(&m["query"]), up(&m["kv_blocks"]));
+    let seqs = up(&pack_seqs(&plan.offsets, &plan.cache, &plan.table));
+    let (tok, cnt) = (up(&m["token_indices"]), up(&m["token_count"]));
+    let out = GpuTensor::filled(&ctx, "out", DType::BF16, &[1, h, ev], 0xff).unwrap();
+    let flags = up(&Tensor::from_u32(&[1], &[0]));
+    let b = AttentionBuffers {
+        query: &q.buffer,
+        pool: &pool.buffer,
+        seqs: &seqs.buffer,
+        token_indices: &tok.buffer,
+        token_count: &cnt.buffer,
+        sinks: None,
+        out: &out.buffer,
+        flags: &flags.buffer,
+    };
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    pollster::block_on(encode_attention(&ctx, &mut enc, DType::BF16, &prm, &b)).unwrap();
+    pollster::block_on(ctx.submit("test", enc)).unwrap();
+    let got = pollster::block_on(read_checked(&ctx, "sparse_attention", &[&out], &flags))
+        .unwrap()
+        .remove(0);
+    compare(&got, &cpu(&x, &a).unwrap(), attention_tol(DType::BF16))
+        .unwrap_or_else(|err| panic!("E = {e}, Ev = {ev}, splits of {longest}: {err}"));
 }
 
 #[test]

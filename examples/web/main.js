@@ -48,6 +48,7 @@ function options() {
   if (q.has("prefill")) o.prefill = q.get("prefill").split(",").map(Number);
   for (const name of ["decode", "k", "seed"]) if (q.has(name)) o[name] = Number(q.get(name));
   if (q.has("dtype")) o.dtype = q.get("dtype");
+  if (q.has("attention")) o.attention = !["0", "false", "off"].includes(q.get("attention"));
   return o;
 }
 
@@ -61,7 +62,9 @@ function showAdapter(info, result) {
     s.append(el("p", {
       textContent: `wgpu: ${result.adapter}. Layer: Hi=${c.hi} Di=${c.di} Dr=${c.dr} r=${c.r} ` +
         `k=${c.k} page=${c.page_size} ${c.dtype}; ${c.sequences} sequences, prefill ` +
-        `[${c.prefill}], ${c.decode} decode steps. Context ${result.context_ms.toFixed(1)} ms; ` +
+        `[${c.prefill}], ${c.decode} decode steps` +
+        (c.attention ? `; attention H=${c.attention.h} Hkv=${c.attention.hkv} E=${c.attention.e} in the decode steps` : "") +
+        `. Context ${result.context_ms.toFixed(1)} ms; ` +
         `${result.pipelines_built} pipelines built in the first step.`,
     }));
   }

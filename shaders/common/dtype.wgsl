@@ -102,3 +102,31 @@ fn t_bits(v: f32, i: u32) -> u32 {
     }
     return h << (16u * (i & 1u));
 }
+
+// Four f16 values (in the low 16 bits of each lane) widened exactly, as f16_bits_to_f32.
+fn f16x4_bits_to_f32(h: vec4<u32>) -> vec4<f32> {
+    let sign = (h & vec4<u32>(0x8000u)) << vec4<u32>(16u);
+    let e = (h >> vec4<u32>(10u)) & vec4<u32>(0x1fu);
+    let m = h & vec4<u32>(0x3ffu);
+    let sub = bitcast<vec4<u32>>(vec4<f32>(m) * 5.9604644775390625e-8) | sign;
+    let special = sign | vec4<u32>(0x7f800000u) | (m << vec4<u32>(13u));
+    let normal = sign | ((e + vec4<u32>(112u)) << vec4<u32>(23u)) | (m << vec4<u32>(13u));
+    let bits = select(select(normal, special, e == vec4<u32>(31u)), sub, e == vec4<u32>(0u));
+    return bitcast<vec4<f32>>(bits);
+}
+
+// For f16/bf16 read four words at a time: the elements in the low halves (the even ones) and
+// in the high halves (the odd ones), widened exactly.
+fn t_low4(w: vec4<u32>) -> vec4<f32> {
+    if (T_KIND == 1u) {
+        return f16x4_bits_to_f32(w & vec4<u32>(0xffffu));
+    }
+    return bitcast<vec4<f32>>(w << vec4<u32>(16u));
+}
+
+fn t_high4(w: vec4<u32>) -> vec4<f32> {
+    if (T_KIND == 1u) {
+        return f16x4_bits_to_f32(w >> vec4<u32>(16u));
+    }
+    return bitcast<vec4<f32>>(w & vec4<u32>(0xffff0000u));
+}

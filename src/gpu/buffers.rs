@@ -7,7 +7,8 @@ use crate::tensor::{DType, Tensor};
 use wgpu::util::DeviceExt;
 
 /// A tensor living in a storage buffer. f16/bf16 elements are packed two per `u32` word, as on
-/// the host; the buffer is padded to a multiple of 4 bytes (and never smaller than 16).
+/// the host; the buffer is padded to a multiple of 16 bytes (and never smaller than 16), so a
+/// shader may read it in `vec4<u32>` words.
 pub struct GpuTensor {
     pub buffer: wgpu::Buffer,
     pub dtype: DType,
@@ -20,7 +21,7 @@ pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_DST);
 
 fn padded(bytes: usize) -> u64 {
-    (bytes.div_ceil(4) * 4).max(16) as u64
+    (bytes.div_ceil(16) * 16).max(16) as u64
 }
 
 impl GpuTensor {

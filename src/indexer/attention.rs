@@ -1,10 +1,13 @@
 //! The optional attention stage of a step: the main paged KV pool (same pages as the index
-//! keys), the attention queries and the output, and `sparse_attention` recorded after expand so
-//! one submission runs compress → query → score → top-k → expand → attention.
+//! keys; on the device in shards of whole pages when it exceeds one storage binding), the
+//! attention queries, the output and the scratch of partial results, and `sparse_attention`
+//! recorded after expand so one submission runs compress → query → score → top-k → expand →
+//! attention.
 
 use super::{IndexerConfig, QsaIndexer, OP};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
+use crate::ops::sparse_attention::{params, plan_attention, scratch_buffer, AttentionGeometry};
 use crate::paged::PoolLayout;
 use crate::tensor::{DType, Tensor};
 
@@ -41,7 +44,14 @@ pub(super) struct KvCache {
     pub(super) cfg: AttentionConfig,
     pub(super) layout: PoolLayout,
     pub(super) host: Tensor,
-    pub(super) gpu: GpuTensor,
+    /// The pool on the device in shards of `shard_pages` whole pages (page p in shard
+    /// p / shard_pages), each within one storage binding.
+    pub(super) gpu: Vec<GpuTensor>,
+    pub(super) shard_pages: usize,
+    /// Scratch of the attention's partial results and routed token lists, sized for a step of
+    /// `max_step_tokens` rows.
+    pub(super) partials: wgpu::Buffer,
+    pub(super) routes: wgpu::Buffer,
     /// Tokens of K/V each slot holds.
     pub(super) lens: Vec<usize>,
     pub(super) query: GpuTensor, // [max_step_tokens, H, E] T
@@ -88,8 +98,58 @@ impl KvCache {
         let f = |name: &str, dt: DType, shape: &[usize]| {
             GpuTensor::filled(ctx, &format!("qsa.indexer.{name}"), dt, shape, 0)
         };
+        let limit = ctx
+            .limits
+            .max_storage_buffer_binding_size
+            .min(ctx.limits.max_buffer_size);
+        let page_bytes = (layout.page_elems() * dt.size()) as u64;
+        if page_bytes > limit {
+            return Err(Error::Limit {
+                op: OP,
+                input: "kv pool page".into(),
+                need: page_bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit,
+            });
+        }
+        let shard_pages = ((limit / page_bytes) as usize)
+            .min(num_pages)
+            .min(c.pool_shard_pages.unwrap_or(usize::MAX))
+            .max(1);
+        let mut gpu = Vec::new();
+        for lo in (0..num_pages).step_by(shard_pages) {
+            let pages = shard_pages.min(num_pages - lo);
+            gpu.push(f("kv_pool", dt, &[pages * layout.page_elems()])?);
+        }
+        // Scratch for the worst step: few rows split many ways, or max_step_tokens rows.
+        let (mut partials, mut routes) = (16, 16);
+        let mut t = 1;
+        loop {
+            let prm = params(&AttentionGeometry {
+                t,
+                n: max_seqs,
+                h: a.h,
+                hs: c.hs,
+                w: c.route_width(),
+                layout,
+                layer_idx: 0,
+                max_pages,
+                scale: a.scale,
+                has_sinks: a.sinks.is_some(),
+            })?;
+            let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
+            partials = plan.partials_bytes.max(partials);
+            routes = plan.routes_bytes.max(routes);
+            if t == rows {
+                break;
+            }
+            t = (2 * t).min(rows);
+        }
         Ok(KvCache {
-            gpu: f("kv_pool", dt, &[layout.required_elems()])?,
+            gpu,
+            shard_pages,
+            partials: scratch_buffer(ctx, "qsa.indexer.attention_partials", partials),
+            routes: scratch_buffer(ctx, "qsa.indexer.attention_routes", routes),
             query: f("attention_query", dt, &[rows, a.h, a.e])?,
             out: f("attention_out", dt, &[rows, a.h, a.e])?,
             seqs: f(
@@ -161,19 +221,24 @@ impl QsaIndexer {
         }
         let table = self.pool.tables[slot].clone().unwrap();
         let (ps, es, dt) = (kv.layout.page_size, kv.host.dtype.size(), kv.host.dtype);
+        let sp = kv.shard_pages;
         let mut t = start;
         while t < start + count {
             let run = (ps - t % ps).min(start + count - t);
             let page = table[t / ps] as usize;
+            // Pages start on whole words (checked in `new`), so the widened run stays in it.
+            let shard_start = kv.layout.offset(page / sp * sp, 0, 0, 0, 0) * es;
             for (plane, src) in [(0, k), (1, v)] {
                 let rows = &src[(t - start) * w..(t - start + run) * w];
                 let off = kv.layout.offset(page, plane, 0, t % ps, 0) * es;
                 let bytes = Tensor::from_f32(dt, &[rows.len()], rows).data;
                 kv.host.data[off..off + bytes.len()].copy_from_slice(&bytes);
                 let (lo, hi) = (off / 4 * 4, (off + bytes.len()).div_ceil(4) * 4);
-                self.ctx
-                    .queue
-                    .write_buffer(&kv.gpu.buffer, lo as u64, &kv.host.data[lo..hi]);
+                self.ctx.queue.write_buffer(
+                    &kv.gpu[page / sp].buffer,
+                    (lo - shard_start) as u64,
+                    &kv.host.data[lo..hi],
+                );
             }
             t += run;
         }

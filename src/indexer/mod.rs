@@ -52,7 +52,8 @@ pub struct IndexerConfig {
     /// score matrix `[T, Hs, max_blocks]` f32 is computed and selected from in row chunks
     /// that reuse one scratch buffer, so it never has to exist whole.
     pub score_chunk_rows: Option<usize>,
-    /// Caps the pages of one device pool shard. `None`: as many as one storage binding holds.
+    /// Caps the pages of one device pool shard, for the index-key pool and the main KV pool
+    /// alike. `None`: as many as one storage binding holds.
     pub pool_shard_pages: Option<usize>,
     /// The main attention over the selection, run as the step's last stage by
     /// [`QsaIndexer::step_with_attention`]; `None`: the layer has no KV pool.

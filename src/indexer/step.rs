@@ -6,14 +6,17 @@
 use super::{QsaIndexer, OP};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
-use crate::ops::block_score::{dispatch_score, rows_per_chunk, BlockScoreParams, ScoreBuffers};
+use crate::ops::block_score::{
+    dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
+};
 use crate::ops::block_topk::{dispatch_topk, BlockTopkParams};
 use crate::ops::common::read_checked;
 use crate::ops::expand_route::{dispatch_expand, ExpandBuffers, ExpandRouteParams};
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
 use crate::ops::sparse_attention::{
-    dispatch_attention, pack_seqs, params as attention_params, AttentionBuffers, AttentionGeometry,
+    dispatch_attention, pack_seqs, params as attention_params, plan_attention, AttentionGeometry,
+    ShardedAttentionBuffers, COMBINE, ROUTE,
 };
 use crate::ops::TensorMap;
 use crate::tensor::{DType, Tensor};
@@ -348,8 +351,18 @@ impl QsaIndexer {
                 has_weights: 0,
                 scale: c.scale.unwrap_or(1.0 / (c.di as f32).sqrt()),
             };
-            let d = dispatch_score(&ctx, c.dtype, &sp, &sb)?;
-            self.binds.record(&ctx, &mut enc, "score", chunk, d).await?;
+            // Each tiling has its own pipeline, so its own slot; the other one's bind group is
+            // built now too, so that switching between prefill and decode builds nothing.
+            let tiling = Tiling::for_rows(sp.rows, sp.n);
+            let slot = |t: Tiling| 2 * chunk + (t == Tiling::OneRow) as usize;
+            let other = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling.other())?;
+            self.binds
+                .prepare(&ctx, "score", slot(tiling.other()), &other)
+                .await?;
+            let d = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling)?;
+            self.binds
+                .record(&ctx, &mut enc, "score", slot(tiling), d)
+                .await?;
             let tp = BlockTopkParams {
                 rows: (rows * c.hs) as u32,
                 w: self.max_blocks as u32,
@@ -403,18 +416,31 @@ impl QsaIndexer {
                 scale: kv.cfg.scale,
                 has_sinks: kv.sinks.is_some(),
             })?;
-            let ab = AttentionBuffers {
+            let (pc, rc) = (kv.partials.size(), kv.routes.size());
+            let plan = plan_attention(&ctx, &prm, kv.shard_pages, pc, rc)?;
+            let ab = ShardedAttentionBuffers {
                 query: &kv.query.buffer,
-                pool: &kv.gpu.buffer,
+                pool: kv.gpu.iter().map(|g| &g.buffer).collect(),
+                shard_pages: kv.shard_pages,
                 seqs: &kv.seqs.buffer,
                 token_indices: &b.token_indices.buffer,
                 token_count: &b.token_count.buffer,
                 sinks: kv.sinks.as_ref().map(|s| &s.buffer),
                 out: &kv.out.buffer,
                 flags: &b.flags.buffer,
+                partials: &kv.partials,
+                routes: &kv.routes,
             };
-            let d = dispatch_attention(&ctx, c.dtype, &prm, &ab)?;
-            self.binds.record(&ctx, &mut enc, "attention", 0, d).await?;
+            for (step, d) in dispatch_attention(&ctx, c.dtype, &plan, &ab)? {
+                let stage = match step.shader {
+                    ROUTE => "attention_route",
+                    COMBINE => "attention_combine",
+                    _ => "attention",
+                };
+                self.binds
+                    .record(&ctx, &mut enc, stage, step.slot, d)
+                    .await?;
+            }
         }
         if let Some(timer) = &self.binds.timer {
             timer.resolve(&mut enc);
@@ -438,8 +464,9 @@ impl QsaIndexer {
         self.binds.timer.is_some()
     }
 
-    /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk`, `expand`; chunks
-    /// summed) of the last step, when timing is on.
+    /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk`, `expand`, and
+    /// `attention_route` / `attention` / `attention_combine` after a step with attention; chunks and shards summed)
+    /// of the last step, when timing is on.
     pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {
         match &self.binds.timer {
             Some(t) => Ok(Some(t.read(&self.ctx).await?)),

@@ -1,6 +1,7 @@
 //! `block_score` (SPEC §4): ReLU-summed index scores of the visible blocks of each query row,
-//! −inf for the blocks it may not see. Shader: `shaders/block_score.wgsl`. A score matrix
-//! larger than the adapter's binding limit is computed in row chunks, each read back in turn.
+//! −inf for the blocks it may not see. Shader: `shaders/block_score.wgsl`, with two tilings
+//! ([`Tiling`]) that give identical scores. A score matrix larger than the adapter's binding
+//! limit is computed in row chunks, each read back in turn.
 
 use super::common::*;
 use crate::error::{Error, Result};
@@ -274,6 +275,51 @@ pub struct BlockScoreParams {
     pub scale: f32,
 }
 
+/// How the shader tiles the score matrix; both tilings compute every score with the same
+/// operations in the same order, so they give identical results and differ only in speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tiling {
+    /// Workgroups of 24 rows × 1024 blocks (entry point `row_tiles`): each block key is read
+    /// once for 24 rows. For prefill.
+    RowTiles,
+    /// Workgroups of one row × 1024 blocks (entry point `one_row`): no row of another sequence
+    /// or past the chunk rides along. For decode.
+    OneRow,
+}
+
+/// Rows per workgroup of [`Tiling::RowTiles`] and blocks per workgroup of both tilings (the
+/// shader's `TR` and `TB`).
+const TILE_ROWS: u32 = 24;
+const TILE_BLOCKS: u32 = 1024;
+
+impl Tiling {
+    /// The faster tiling for `rows` rows over `n` sequences: one-row tiles while the sequences
+    /// average at most 8 rows (a 24-row tile would then mostly carry rows of other sequences,
+    /// each taking its own pass), row tiles beyond.
+    pub fn for_rows(rows: u32, n: u32) -> Tiling {
+        if rows as u64 <= 8 * n.max(1) as u64 {
+            Tiling::OneRow
+        } else {
+            Tiling::RowTiles
+        }
+    }
+
+    /// The other tiling.
+    pub fn other(self) -> Tiling {
+        match self {
+            Tiling::RowTiles => Tiling::OneRow,
+            Tiling::OneRow => Tiling::RowTiles,
+        }
+    }
+
+    fn entry(self) -> &'static str {
+        match self {
+            Tiling::RowTiles => "row_tiles",
+            Tiling::OneRow => "one_row",
+        }
+    }
+}
+
 /// Device buffers of one score dispatch.
 pub struct ScoreBuffers<'a> {
     pub query: &'a wgpu::Buffer,
@@ -286,16 +332,66 @@ pub struct ScoreBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Describes one score dispatch over rows `prm.row_base .. + prm.rows` (recorded by the `encode_` wrapper below or an orchestrator).
+/// Describes one score dispatch over rows `prm.row_base .. + prm.rows` (recorded by the
+/// `encode_` wrapper below or an orchestrator), tiled as [`Tiling::for_rows`] chooses.
 pub fn dispatch_score<'a>(
     ctx: &'a Context,
     dt: DType,
     prm: &'a BlockScoreParams,
     b: &'a ScoreBuffers<'a>,
 ) -> Result<Dispatch<'a>> {
-    let tiles = prm.max_blocks.div_ceil(64);
+    dispatch_score_tiled(ctx, dt, prm, b, Tiling::for_rows(prm.rows, prm.n))
+}
+
+/// [`dispatch_score`] with the tiling given (rows that do not start on a 16-byte word, i.e.
+/// Di not a multiple of 4 for f32 or of 8 for f16/bf16, always take [`Tiling::OneRow`]).
+pub fn dispatch_score_tiled<'a>(
+    ctx: &'a Context,
+    dt: DType,
+    prm: &'a BlockScoreParams,
+    b: &'a ScoreBuffers<'a>,
+    tiling: Tiling,
+) -> Result<Dispatch<'a>> {
+    // The shader reads rows in 16-byte words, so both buffers must end on one (GpuTensor pads
+    // every buffer so).
+    for (name, buf) in [("index_query", b.query), ("block_keys", b.keys)] {
+        if !buf.size().is_multiple_of(16) {
+            return Err(Error::input(
+                OP,
+                name,
+                format!(
+                    "buffer holds {} bytes; block_score reads it in 16-byte words, so its \
+                     size must be a multiple of 16",
+                    buf.size()
+                ),
+            ));
+        }
+    }
+    // Rows that start on a 16-byte word (4 f32 or 8 f16/bf16 channels) are read a word at a
+    // time; other widths element by element, and then always in one-row tiles: the row-tile
+    // kernel would take LLVM-based drivers many seconds to compile for a rare shape.
+    let word = if dt == DType::F32 { 4 } else { 8 };
+    let vec = prm.di.is_multiple_of(word);
+    let tiling = if vec { tiling } else { Tiling::OneRow };
+    let row_tiles = match tiling {
+        Tiling::RowTiles => prm.rows.div_ceil(TILE_ROWS),
+        Tiling::OneRow => prm.rows,
+    };
+    let groups = row_tiles as u64 * prm.max_blocks.div_ceil(TILE_BLOCKS) as u64;
+    let groups = u32::try_from(groups).map_err(|_| {
+        Error::input(
+            OP,
+            "scores",
+            format!(
+                "{} rows × {} blocks need more than 2^32 workgroups",
+                prm.rows, prm.max_blocks
+            ),
+        )
+    })?;
     Ok(Dispatch {
-        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        key: PipelineKey::new(OP, tiling.entry())
+            .with("T_KIND", dt.shader_kind())
+            .with("VEC", vec as u32),
         params: bytemuck::bytes_of(prm),
         buffers: vec![
             b.query,
@@ -306,7 +402,7 @@ pub fn dispatch_score<'a>(
             b.scores,
             b.flags,
         ],
-        groups: prm.rows * tiles,
+        groups,
     })
 }
 
@@ -348,6 +444,18 @@ pub async fn gpu_chunked(
     x: &BlockScoreInputs<'_>,
     a: &BlockScoreAttrs,
     max_chunk_rows: Option<usize>,
+) -> Result<Tensor> {
+    gpu_tiled(ctx, x, a, max_chunk_rows, None).await
+}
+
+/// [`gpu_chunked`] with every chunk tiled as `tiling` (`None`: as [`Tiling::for_rows`]
+/// chooses); tests use it to run both tilings on one problem.
+pub async fn gpu_tiled(
+    ctx: &Context,
+    x: &BlockScoreInputs<'_>,
+    a: &BlockScoreAttrs,
+    max_chunk_rows: Option<usize>,
+    tiling: Option<Tiling>,
 ) -> Result<Tensor> {
     let p = validate(x, a)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
@@ -400,7 +508,13 @@ pub async fn gpu_chunked(
             scores: &scores.buffer,
             flags: &flags.buffer,
         };
-        encode_score(ctx, &mut enc, p.dt, &prm, &bufs).await?;
+        let tiling = tiling.unwrap_or(Tiling::for_rows(prm.rows, prm.n));
+        encode(
+            ctx,
+            &mut enc,
+            dispatch_score_tiled(ctx, p.dt, &prm, &bufs, tiling)?,
+        )
+        .await?;
         ctx.submit(OP, enc).await?;
         let got = read_checked(ctx, OP, &[&scores], &flags).await?;
         out.extend_from_slice(&got[0].data);

@@ -1,6 +1,7 @@
 //! `block_topk` (SPEC §5): the k best candidate blocks of each score row, in the top-k order of
 //! SPEC §0, then -1, and their count. Shader: `shaders/block_topk.wgsl` (radix select of the
-//! threshold, then a bitonic sort of the at most k selected entries, one workgroup per row).
+//! threshold, then a column-ordered compaction and a rank-by-counting of the at most k selected
+//! entries, one workgroup per row).
 
 use super::common::*;
 use crate::error::{Error, Result};
@@ -10,7 +11,7 @@ use std::cmp::Ordering;
 
 pub const OP: &str = "block_topk";
 
-/// Largest k: the shader sorts the selection in workgroup memory (`MAX_K` in the WGSL).
+/// Largest k: the shader ranks the selection in workgroup memory (`MAX_K` in the WGSL).
 pub const MAX_K: usize = 2048;
 /// Largest row width: the shader keys ties by a 16-bit column index.
 pub const MAX_W: usize = 65536;

@@ -342,12 +342,15 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
     Ok(())
 }
 
+/// (stage, slot, pipeline, buffers) of a [`BindCache`] entry.
+type BindKey = (&'static str, usize, PipelineKey, Vec<wgpu::Buffer>);
+
 /// Bind groups kept across submissions, for a caller (the orchestrators) that records the same
 /// stages over the same buffers step after step. An entry is keyed by the stage's slot, its
 /// pipeline and its buffers, so new buffers get a new bind group and never a stale one.
 #[derive(Default)]
 pub struct BindCache {
-    map: std::collections::HashMap<(&'static str, usize, PipelineKey, Vec<wgpu::Buffer>), Bound>,
+    map: std::collections::HashMap<BindKey, Bound>,
     created: usize,
     /// When set, every recorded pass writes timestamps labelled by its stage.
     pub timer: Option<crate::gpu::Timer>,
@@ -370,18 +373,43 @@ impl BindCache {
         slot: usize,
         d: Dispatch<'_>,
     ) -> Result<()> {
+        let key = self.bind(ctx, stage, slot, &d).await?;
+        let ts = self.timer.as_mut().and_then(|t| t.writes(stage));
+        self.map[&key].record(ctx, enc, d.params, d.groups, ts);
+        Ok(())
+    }
+
+    /// Builds the bind group that [`BindCache::record`] of `d` as slot `slot` of `stage` will
+    /// use, without recording anything: for a stage that alternates between variants, so that
+    /// the first switch builds nothing either.
+    pub async fn prepare(
+        &mut self,
+        ctx: &Context,
+        stage: &'static str,
+        slot: usize,
+        d: &Dispatch<'_>,
+    ) -> Result<()> {
+        self.bind(ctx, stage, slot, d).await.map(|_| ())
+    }
+
+    /// The key of the bind group of `d` as slot `slot` of `stage`, built if it is not there.
+    async fn bind(
+        &mut self,
+        ctx: &Context,
+        stage: &'static str,
+        slot: usize,
+        d: &Dispatch<'_>,
+    ) -> Result<BindKey> {
         let bufs: Vec<wgpu::Buffer> = d.buffers.iter().map(|b| (*b).clone()).collect();
         let key = (stage, slot, d.key.clone(), bufs);
         if !self.map.contains_key(&key) {
             // Whatever this slot held before is over other buffers now: let it go.
             self.map.retain(|k, _| !(k.0 == stage && k.1 == slot));
-            let b = Bound::new(ctx, &d).await?;
+            let b = Bound::new(ctx, d).await?;
             self.map.insert(key.clone(), b);
             self.created += 1;
         }
-        let ts = self.timer.as_mut().and_then(|t| t.writes(stage));
-        self.map[&key].record(ctx, enc, d.params, d.groups, ts);
-        Ok(())
+        Ok(key)
     }
 }
 

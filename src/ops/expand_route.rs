@@ -176,7 +176,7 @@ pub fn dispatch_expand<'a>(
     prm: &'a ExpandRouteParams,
     b: &'a ExpandBuffers<'a>,
 ) -> Result<Dispatch<'a>> {
-    let total = prm.t * prm.hs * prm.width;
+    let total = prm.t * prm.hs * (prm.k + 1);
     Ok(Dispatch {
         key: PipelineKey::new(OP, "main"),
         params: bytemuck::bytes_of(prm),

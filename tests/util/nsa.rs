@@ -166,20 +166,7 @@ impl Problem {
 
 /// Tolerance of `out`: f32 noise, or about one unit in the last place of T.
 pub fn out_tol(dt: DType) -> Tol {
-    match dt {
-        DType::F32 => Tol {
-            abs: 2e-5,
-            rel: 1e-4,
-        },
-        DType::F16 => Tol {
-            abs: 4e-3,
-            rel: 2e-3,
-        },
-        _ => Tol {
-            abs: 3e-2,
-            rel: 1.6e-2,
-        },
-    }
+    qsa_wgpu::testing::weighted_sum_tol(dt)
 }
 
 /// Near-tie tolerance of the selection scores: f32 sums of f32 probabilities in every type.

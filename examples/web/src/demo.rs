@@ -1,22 +1,29 @@
 //! The demo run, independent of the browser: a synthetic Qwen3.8-Flash-Next indexer layer
 //! (Hi = 4, Di = 128, Dr = 64, r = 4, page 128) over a ragged batch — one prefill chunk per
 //! sequence, then decode steps — on the GPU through `QsaIndexer::step`, each step checked
-//! against `QsaIndexer::step_cpu`. The result is JSON: timings per step and stage, the checks,
-//! and the block scores with the selected blocks of every query row for a heat map.
-//!
-//! The result lists its stages by name and its checks as a list, so a later stage (sparse
-//! attention over the routed tokens) adds one timing and one check without changing the page.
+//! against `QsaIndexer::step_cpu`. Decode steps also run the main attention (H = 24, Hkv = 2,
+//! E = 256) over the selection in the same submission (`step_with_attention`), checked
+//! against the CPU attention over the GPU's own selection. The result is JSON: timings per
+//! step and stage, the checks, and the block scores with the selected blocks of every query
+//! row for a heat map.
 
 use crate::report::{checker_rejects_a_perturbed_selection, score_tol, Heat, Tally};
 use crate::synth::{Synth, DI, HI};
 use qsa_wgpu::gpu::{Context, ContextOptions};
-use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
-use qsa_wgpu::testing::Rng;
+use qsa_wgpu::indexer::{AttentionConfig, IndexerConfig, QsaIndexer};
+use qsa_wgpu::testing::{attention_tol, Rng};
 use qsa_wgpu::{DType, Result, Tensor};
 use serde_json::{json, Map, Value};
 
 /// The stages timed in every step, in order.
-pub const STAGES: &[&str] = &["append", "indexer", "readback", "cpu_reference", "check"];
+pub const STAGES: &[&str] = &[
+    "append",
+    "indexer",
+    "readback",
+    "cpu_reference",
+    "check",
+    "attention_check",
+];
 
 /// What to run; every field has a default small enough for a software adapter.
 #[derive(Clone, Debug)]
@@ -29,11 +36,13 @@ pub struct Options {
     pub k: usize,
     pub dtype: DType,
     pub seed: u64,
+    /// Run the attention stage in the decode steps.
+    pub attention: bool,
 }
 
 impl Options {
-    /// Reads `{"prefill": [300, 193], "decode": 4, "k": 16, "dtype": "f32", "seed": 7}`;
-    /// missing fields take those defaults.
+    /// Reads `{"prefill": [300, 193], "decode": 4, "k": 16, "dtype": "f32", "seed": 7,
+    /// "attention": true}`; missing fields take those defaults.
     pub fn parse(text: &str) -> std::result::Result<Options, String> {
         let v: Value = if text.trim().is_empty() {
             json!({})
@@ -69,6 +78,12 @@ impl Options {
             k: uint("k", 16)? as usize,
             dtype,
             seed: uint("seed", 7)?,
+            attention: match v.get("attention") {
+                None | Some(Value::Null) => true,
+                Some(x) => x
+                    .as_bool()
+                    .ok_or("options: attention must be true or false")?,
+            },
         };
         if o.prefill.is_empty() || o.prefill.len() > 8 || o.k == 0 {
             return Err("options: 1 to 8 sequences and k >= 1 are needed".into());
@@ -87,10 +102,13 @@ pub async fn run(o: &Options, now: &dyn Fn() -> f64) -> Result<Value> {
     let n = o.prefill.len();
     let final_lens: Vec<usize> = o.prefill.iter().map(|p| p + o.decode).collect();
     let max_len = final_lens.iter().copied().max().unwrap_or(0).max(1);
+    let attn = o.attention.then(AttentionConfig::qwen);
     let cfg = IndexerConfig {
         k: o.k,
+        attention: attn.clone(),
         ..IndexerConfig::qwen(o.dtype, max_len, n)
     };
+    let mut kv_rng = Rng::new(o.seed ^ 0xa77e);
     let pages = n * max_len.div_ceil(cfg.page_size);
     let mut rng = Rng::new(o.seed ^ 0x5eed);
     let mut norm_weight = || {
@@ -127,14 +145,25 @@ pub async fn run(o: &Options, now: &dyn Fn() -> f64) -> Result<Value> {
         let mut positions = Vec::new();
         for s in 0..n {
             ix.append_keys(s, &synth.keys(s, lens[s], new[s]))?;
+            if let Some(a) = &attn {
+                let w = new[s] * a.hkv * a.e;
+                ix.append_kv(s, &kv_rng.normals(w), &kv_rng.normals(w))?;
+            }
             positions.extend((lens[s]..lens[s] + new[s]).map(|p| p as i32));
             lens[s] += new[s];
         }
         let t: usize = new.iter().sum();
         let q = Tensor::from_f32(o.dtype, &[t, HI, DI], &synth.queries(t));
+        let aq = attn
+            .as_ref()
+            .filter(|_| *phase == "decode")
+            .map(|a| Tensor::from_f32(o.dtype, &[t, a.h, a.e], &kv_rng.normals(t * a.h * a.e)));
         lap(&mut ms);
-        // indexer: one submission; readback: wait for it and map the outputs.
-        let out = ix.step(new, &q).await?;
+        // indexer (+ attention): one submission; readback: wait for it and map the outputs.
+        let out = match &aq {
+            Some(a) => ix.step_with_attention(new, &q, a).await?,
+            None => ix.step(new, &q).await?,
+        };
         lap(&mut ms);
         let got = out.read(&ctx).await?;
         let got_scores = out
@@ -161,6 +190,13 @@ pub async fn run(o: &Options, now: &dyn Fn() -> f64) -> Result<Value> {
             &got,
             &want,
         );
+        lap(&mut ms);
+        // attention_check: the CPU attention over the GPU's selection.
+        if let Some(a) = &aq {
+            let rows: Vec<usize> = (0..t).collect();
+            let cpu = ix.attention_cpu(new, &got, a, &rows)?;
+            tally.attention(&label, &got["out"], &cpu, attention_tol(o.dtype));
+        }
         lap(&mut ms);
 
         for (tot, v) in totals.iter_mut().zip(&ms) {
@@ -195,6 +231,7 @@ pub async fn run(o: &Options, now: &dyn Fn() -> f64) -> Result<Value> {
             "hi": cfg.hi, "di": cfg.di, "dr": cfg.dr, "r": cfg.r, "k": cfg.k,
             "page_size": cfg.page_size, "dtype": o.dtype.name(), "sequences": n,
             "prefill": o.prefill, "decode": o.decode, "seed": o.seed,
+            "attention": attn.as_ref().map(|a| json!({"h": a.h, "hkv": a.hkv, "e": a.e, "steps": "decode"})),
         },
         "context_ms": round3(context_ms),
         "pipelines_built": pipelines,

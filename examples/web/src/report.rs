@@ -32,6 +32,11 @@ pub struct Tally {
     pub routes_bad: usize,
     pub scores_bad: usize,
     pub worst_score_err: f32,
+    /// Attention rows checked, steps whose output was out of tolerance, worst error.
+    pub attn_rows: usize,
+    pub attn_bad: usize,
+    pub attn_worst: f32,
+    attn_tol: Option<Tol>,
     pub failures: Vec<String>,
 }
 
@@ -48,6 +53,10 @@ impl Tally {
             routes_bad: 0,
             scores_bad: 0,
             worst_score_err: 0.0,
+            attn_rows: 0,
+            attn_bad: 0,
+            attn_worst: 0.0,
+            attn_tol: None,
             failures: Vec::new(),
         }
     }
@@ -112,11 +121,22 @@ impl Tally {
         }))
     }
 
+    /// Checks one step's attention output against the CPU attention over the same selection.
+    pub fn attention(&mut self, label: &str, got: &Tensor, want: &Tensor, tol: Tol) {
+        self.attn_rows += got.shape[0];
+        self.attn_worst = self.attn_worst.max(max_finite_err(got, want));
+        if let Err(e) = compare(got, want, tol) {
+            self.attn_bad += 1;
+            self.failures.push(format!("{label}: attention {e}"));
+        }
+        self.attn_tol = Some(tol);
+    }
+
     /// The list of checks, the self-test of the selection check last.
     pub fn checks(&self, self_test: (bool, String)) -> Vec<Value> {
         let tol = self.tol;
         let (rows, exact, near, failed) = (self.rows, self.exact, self.near_tie, self.failed);
-        vec![
+        let mut list = vec![
             check(
                 "block selections (top-k) equal the CPU reference, up to near-ties",
                 failed == 0,
@@ -138,12 +158,23 @@ impl Tally {
                     self.worst_score_err, tol.abs, tol.rel
                 ),
             ),
-            check(
-                "the selection check rejects a perturbed selection",
-                self_test.0,
-                format!("last step, {}", self_test.1),
-            ),
-        ]
+        ];
+        if let Some(t) = self.attn_tol {
+            list.push(check(
+                "attention output equals the CPU attention over the GPU's selection",
+                self.attn_bad == 0,
+                format!(
+                    "{} rows, worst |GPU - CPU| {:e} (abs {} + rel {})",
+                    self.attn_rows, self.attn_worst, t.abs, t.rel
+                ),
+            ));
+        }
+        list.push(check(
+            "the selection check rejects a perturbed selection",
+            self_test.0,
+            format!("last step, {}", self_test.1),
+        ));
+        list
     }
 }
 

@@ -33,6 +33,9 @@ pub struct DemoArgs {
     /// `off` (the indexer only).
     #[arg(long, default_value = "decode")]
     pub attention: String,
+    /// Run an NSA selector layer (the paper's geometry) instead: `demo_nsa.rs`.
+    #[arg(long)]
+    pub nsa: bool,
 }
 
 impl Default for DemoArgs {
@@ -44,6 +47,7 @@ impl Default for DemoArgs {
             decode: 16,
             dtype: "bf16".into(),
             attention: "decode".into(),
+            nsa: false,
         }
     }
 }
@@ -51,7 +55,11 @@ impl Default for DemoArgs {
 const HI: usize = 4;
 const DI: usize = 128;
 
-pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
+/// The demos' common start: the storage type and sizes checked, then the context.
+pub(crate) fn setup(
+    backend: &Option<String>,
+    args: &DemoArgs,
+) -> Result<(DType, std::sync::Arc<Context>)> {
     let dt = DType::parse(&args.dtype)
         .filter(|d| d.is_float())
         .ok_or_else(|| {
@@ -67,6 +75,14 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
     let ctx = Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
     })?;
+    Ok((dt, ctx))
+}
+
+pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
+    if args.nsa {
+        return crate::demo_nsa::run(backend, args);
+    }
+    let (dt, ctx) = setup(backend, args)?;
     let total = (args.prefill + args.decode).max(1);
     let mut cfg = IndexerConfig::qwen(dt, total, args.seqs);
     cfg.max_step_tokens = args.chunk.min(total) * args.seqs;

@@ -4,6 +4,7 @@
 
 mod bench;
 mod demo;
+mod demo_nsa;
 
 use clap::{Parser, Subcommand};
 use qsa_wgpu::case::{serialize, Case};

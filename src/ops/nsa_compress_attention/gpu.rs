@@ -3,6 +3,9 @@
 //! (`…_values.wgsl`), the outputs and selection scores (`…_finish.wgsl`), then the
 //! `block_topk` selection over the `[rows · N2, W]` scores (whose order is exactly SPEC §0's).
 //! The first three share `shaders/common/nsa_attention.wgsl`, which also lays out the scratch.
+//! [`dispatch_nsa_compress_attention`] describes the four for a caller that records them
+//! through a `BindCache` (the NSA selector); [`encode_nsa_compress_attention`] records them
+//! directly.
 
 use super::{validate, NsaCompressAttentionAttrs, NsaCompressAttentionInputs};
 use super::{NsaCompressAttentionOutputs, Plan, MAX_DQK, MAX_DV, OP};
@@ -10,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::ops::block_topk::{self, BlockTopkParams};
 use crate::ops::common::*;
+use crate::ops::sparse_attention::{LLVMPIPE_LOOP_BUDGET, LLVMPIPE_LOOP_LIMIT};
 use crate::tensor::{DType, Tensor};
 
 /// Uniform parameters; layout checked against the WGSL struct by a test.
@@ -42,6 +46,27 @@ pub struct NsaCompressAttentionParams {
     pub scale: f32,
     pub _pad0: u32,
     pub _pad1: u32,
+}
+
+/// Stage names of the four dispatches, for `BindCache::record` and GPU timing: the logits,
+/// the probabilities times the values, the outputs and selection scores, the top-k.
+pub const STAGES: [&str; 4] = [
+    "compress_logits",
+    "compress_values",
+    "compress_finish",
+    "select_topk",
+];
+
+impl NsaCompressAttentionParams {
+    /// The parameters of the selection stage: the top-k of the `[rows · N2, W]` scores.
+    pub fn topk_params(&self) -> BlockTopkParams {
+        BlockTopkParams {
+            rows: self.rows * self.n2,
+            w: self.w,
+            k: self.k,
+            out_base: 0,
+        }
+    }
 }
 
 impl Plan {
@@ -94,6 +119,49 @@ pub fn scratch_words(prm: &NsaCompressAttentionParams) -> u64 {
     4 * prm.rows as u64 * prm.n2 as u64 * per_kv_head
 }
 
+/// Query channels the logits stage stages at a time (`DC` in the WGSL), and its head chunk
+/// (`HC`).
+const DC: u64 = 128;
+const HC: u64 = 16;
+/// Tokens per stage-2 tile (`TILE` in `…_values.wgsl`).
+const TILE: u64 = 128;
+
+/// Loop iterations one invocation runs at most in the worst of the three attention stages,
+/// as llvmpipe counts them (a loop of n iterations costs n + 1, nested loops once per entry).
+/// The splits bound the logits and values stages' per-invocation work (`SPLIT1`, `SPLIT2`
+/// tokens per workgroup) except for the values stage's merge of the stage-1 statistics,
+/// ⌈c_max / SPLIT1⌉ per head chunk; the finishing stage sums ⌈c_max / SPLIT2⌉ · (WG /
+/// ⌈Dv / CT⌉) output parts for each of its ⌈Dv · ⌈G/4⌉ / WG⌉ outputs, scores its share of the
+/// W selection blocks and checks the row's ⌈c_max / page⌉ block-table columns. A model from
+/// the shaders' loop structure (an upper bound), not a measurement: at the paper's G = 16,
+/// Dqk = 192, Dv = 128, l = 32, d = 16, l' = 64 it passes the budget only past about 808K
+/// compressed tokens at page 1 (1.02M at page 128), the finishing stage's loops setting it.
+pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
+    let g = (p.n1 / p.n2.max(1)) as u64;
+    let (c, dqk, dv) = (p.c_max as u64, p.dqk as u64, p.dv as u64);
+    let page = p.page.max(1) as u64;
+    // row_info's binary search over the batches, and row_facts' check of the columns.
+    let search = 64 - (p.batches as u64).leading_zeros() as u64 + 2;
+    let cols = |tokens: u64| tokens.div_ceil(page).div_ceil(WG) + 1;
+    let logits =
+        search + cols(SPLIT1) + dqk.div_ceil(DC) * (HC * DC / WG + 1 + DC + 1 + 1) + 1 + WG + 1;
+    let tiles = SPLIT2 / TILE;
+    let values = search
+        + cols(SPLIT2)
+        + g.div_ceil(HC) * (c.div_ceil(SPLIT1) + 1 + tiles * (TILE / WG + 1 + TILE + 1) + 1 + 1)
+        + 1;
+    let parts = c.div_ceil(SPLIT2) * (WG / dv.div_ceil(CHANNELS).max(1));
+    let blocks = ((p.lsel + p.l) / p.d.max(1)) as u64;
+    let finish = search
+        + cols(c)
+        + (dv * g.div_ceil(4)).div_ceil(WG) * (parts + 1)
+        + 1
+        + (p.w as u64).div_ceil(WG) * (blocks + 1)
+        + 1
+        + 1;
+    logits.max(values).max(finish)
+}
+
 /// Device buffers of one `nsa_compress_attention` call. Shapes use R query rows (T, or B·S).
 pub struct NsaAttnBuffers<'a> {
     /// `[R, N1, Dqk]` T.
@@ -125,17 +193,34 @@ pub struct NsaAttnBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
-/// Records the four stages into `enc`. Lengths and block-table entries are read on the device:
-/// a row whose values are out of range is skipped and raises a flag (page slot, page, or NSA
-/// lengths) instead of reading out of bounds.
-pub async fn encode_nsa_compress_attention(
-    ctx: &Context,
-    enc: &mut wgpu::CommandEncoder,
+/// Describes the four stages, named by [`STAGES`]: the logits, the values and the finishing
+/// dispatch, then the `block_topk` selection with `sel`
+/// (= [`NsaCompressAttentionParams::topk_params`]). Parameters and buffer sizes (the scratch's
+/// included) are checked here, before anything is recorded. Lengths and block-table entries
+/// are read on the device: a row whose values are out of range is skipped and raises a flag
+/// (page slot, page, or NSA lengths) instead of reading out of bounds.
+pub fn dispatch_nsa_compress_attention<'a>(
+    ctx: &'a Context,
     dt: DType,
-    prm: &NsaCompressAttentionParams,
-    b: &NsaAttnBuffers<'_>,
-) -> Result<()> {
+    prm: &'a NsaCompressAttentionParams,
+    sel: &'a BlockTopkParams,
+    b: &NsaAttnBuffers<'a>,
+) -> Result<Vec<(&'static str, Dispatch<'a>)>> {
     let bad = |what: &str, msg: String| Err(Error::input(OP, what, msg));
+    let driver = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
+    let (limit, budget) = (LLVMPIPE_LOOP_LIMIT, LLVMPIPE_LOOP_BUDGET);
+    if driver.contains("llvmpipe") && loop_iterations(prm) > budget {
+        return bad(
+            "actual_cmp_kv_len",
+            format!(
+                "{} compressed tokens with G = {} and Dqk = {} need up to {} loop iterations per invocation; llvmpipe stops loops after {limit}",
+                prm.c_max,
+                prm.n1 / prm.n2.max(1),
+                prm.dqk,
+                loop_iterations(prm)
+            ),
+        );
+    }
     let heads_ok = prm.n2 > 0 && prm.n1.is_multiple_of(prm.n2);
     if !heads_ok || prm.dqk as usize > MAX_DQK || prm.dv as usize > MAX_DV {
         return bad(
@@ -179,6 +264,12 @@ pub async fn encode_nsa_compress_attention(
             );
         }
     }
+    if (sel.rows, sel.w, sel.k, sel.out_base) != (rows as u32, prm.w, prm.k, 0) {
+        return bad(
+            "params",
+            format!("selection params {sel:?} do not match the attention's"),
+        );
+    }
     // K and V are also bound as 16-byte words where their rows start on 16-byte boundaries
     // (the shader's BY16); elsewhere a dummy takes that binding.
     let by16 = |d: u32| (d as u64 * tsize).is_multiple_of(16);
@@ -199,7 +290,7 @@ pub async fn encode_nsa_compress_attention(
         );
     }
     let common = [b.lens, b.block_table, b.flags];
-    let stages: [(&'static str, Option<bool>, [&wgpu::Buffer; 4]); 3] = [
+    let stages: [(&'static str, Option<bool>, [&'a wgpu::Buffer; 4]); 3] = [
         (OP, Some(k16), [b.query, b.key, key4, b.scratch]),
         (
             "nsa_compress_attention_values",
@@ -212,33 +303,44 @@ pub async fn encode_nsa_compress_attention(
             [b.scratch, b.psum, b.out, b.scores],
         ),
     ];
-    for ((shader, wide, own), n) in stages.into_iter().zip(groups) {
+    let mut out = Vec::with_capacity(STAGES.len());
+    for (i, ((shader, wide, own), n)) in stages.into_iter().zip(groups).enumerate() {
         let mut key = PipelineKey::new(shader, "main").with("T_KIND", dt.shader_kind());
         if let Some(w) = wide {
             key = key.with("BY16", w as u32);
         }
-        encode(
-            ctx,
-            enc,
-            Dispatch {
-                key,
-                params: bytemuck::bytes_of(prm),
-                buffers: common.iter().chain(own.iter()).copied().collect(),
-                groups: n as u32,
-            },
-        )
-        .await?;
+        let d = Dispatch {
+            key,
+            params: bytemuck::bytes_of(prm),
+            buffers: common.iter().chain(own.iter()).copied().collect(),
+            groups: n as u32,
+        };
+        out.push((STAGES[i], d));
     }
-    let sel = BlockTopkParams {
-        rows: rows as u32,
-        w: prm.w,
-        k: prm.k,
-        out_base: 0,
-    };
-    block_topk::encode_topk(ctx, enc, &sel, b.scores, b.topk, b.count).await
+    out.push((
+        STAGES[3],
+        block_topk::dispatch_topk(ctx, sel, b.scores, b.topk, b.count)?,
+    ));
+    Ok(out)
 }
 
-/// Runs on the GPU: uploads, both stages in one submission, checked readback.
+/// Records the four stages of [`dispatch_nsa_compress_attention`] into `enc`, with fresh bind
+/// groups.
+pub async fn encode_nsa_compress_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &NsaCompressAttentionParams,
+    b: &NsaAttnBuffers<'_>,
+) -> Result<()> {
+    let sel = prm.topk_params();
+    for (_, d) in dispatch_nsa_compress_attention(ctx, dt, prm, &sel, b)? {
+        encode(ctx, enc, d).await?;
+    }
+    Ok(())
+}
+
+/// Runs on the GPU: uploads, the four stages in one submission, checked readback.
 pub async fn gpu(
     ctx: &Context,
     x: &NsaCompressAttentionInputs<'_>,

@@ -11,7 +11,8 @@ mod validate;
 
 pub use cpu::{cpu, reference};
 pub use gpu::{
-    encode_nsa_compress_attention, gpu, scratch_words, NsaAttnBuffers, NsaCompressAttentionParams,
+    dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, loop_iterations,
+    scratch_words, NsaAttnBuffers, NsaCompressAttentionParams, STAGES,
 };
 pub use validate::validate;
 

@@ -1,58 +1,91 @@
-//! The dispatch of `sparse_attention`: the shader's constants and uniform block, the
-//! geometry they derive from, the device buffers it binds and [`encode_attention`].
+//! How a `sparse_attention` call is cut into workgroups: the shaders' constants and uniform
+//! block, the geometry they derive from, the head chunks, channel blocks and token-list splits
+//! (flash-decoding), and the llvmpipe loop bound that caps a split.
 
 use super::OP;
 use crate::error::{Error, Result};
-use crate::gpu::{Context, PipelineKey};
-use crate::ops::common::{check_di, encode, Dispatch, MAX_D};
+use crate::ops::common::{check_di, MAX_D};
 use crate::paged::PoolLayout;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::Tensor;
 
-/// Tokens per tile and invocations per workgroup (`TK` in the WGSL).
-pub const TILE: usize = 64;
-/// f32 words of the shader's workgroup array (`SH`): one pass holds the queries, tile scores
-/// and softmax state of [`heads_per_pass`] heads.
-pub const SHARED_WORDS: usize = 4000;
-/// vec4 accumulators per invocation (`ACC`).
-pub const ACC_QUADS: usize = 16;
-/// Largest head dim E (one pass must hold at least one head).
+/// Invocations per workgroup and list entries per chunk (`TK` in the WGSL).
+pub const LANES: usize = 64;
+/// Rows per tile (`TILE`): four per invocation in the score step.
+pub const TILE: usize = 256;
+/// Rows per round of the V step (`RT`).
+pub const ROUND: usize = 32;
+/// Channel quads per invocation in the V step.
+pub const QUADS_PER_LANE: usize = 2;
+/// vec4s of the partial pass's workgroup array (`SHV`): the queries of a head chunk and the
+/// weights of one round.
+pub const SHARED_QUADS: usize = 864;
+/// Most query heads one workgroup serves (four head quads, `4 · HQ`).
+pub const MAX_HEADS: usize = 16;
+/// Largest head dim E (one workgroup must hold one head's query).
 pub const MAX_E: usize = MAX_D;
+/// Workgroups a call aims for before it splits token lists: a decode batch of few rows gets
+/// enough of them to fill the device (and every core of a CPU adapter).
+pub const TARGET_GROUPS: usize = 128;
 /// llvmpipe (Mesa's CPU driver, behind lavapipe and its GL) ends every loop of an invocation
 /// once 65535 iterations of all its loops have run; the shader would then stop early.
 pub const LLVMPIPE_LOOP_LIMIT: u64 = 65535;
-/// The share of [`LLVMPIPE_LOOP_LIMIT`] a call may use on llvmpipe by [`loop_iterations`].
+/// The share of [`LLVMPIPE_LOOP_LIMIT`] a workgroup may use by [`loop_iterations`]; splits are
+/// sized to stay within it.
 pub const LLVMPIPE_LOOP_BUDGET: u64 = 60000;
 
-/// Channel quads each invocation owns in the V step.
-fn quads_per_lane(e: usize) -> usize {
-    e.div_ceil(4).div_ceil(TILE)
-}
-
-/// Query heads one pass of a workgroup serves; a pass reads each gathered K and V row once, so
-/// a group of up to this many heads reads them once (12 at E = 256, 16 at E <= 128).
+/// Query heads one workgroup serves at head dim `e`: its queries (E rounded up to 8 channels)
+/// and a round of weights fit the workgroup array (12 at E = 256, a whole Qwen3.8-Flash-Next
+/// group; 16 at E <= 128; 1 at E = 2048). Each gathered K and V row is loaded once per
+/// workgroup for all of them.
 pub fn heads_per_pass(e: usize) -> usize {
-    let e4 = e.div_ceil(4) * 4;
-    (SHARED_WORDS / (e4 + TILE + 3)).min(ACC_QUADS / quads_per_lane(e))
+    let e4 = e.div_ceil(8) * 2;
+    (1..=MAX_HEADS)
+        .rev()
+        .find(|&h| h * e4 + ROUND * h.div_ceil(4) <= SHARED_QUADS)
+        .unwrap_or(0)
 }
 
-/// Loop iterations one invocation runs at most, as llvmpipe counts them (a loop of n
-/// iterations costs n + 1; the extra TK per tile was measured on Mesa 22.3), for the llvmpipe
-/// check of [`encode_attention`].
+/// [`heads_per_pass`] for queries and keys of E channels and values of Ev channels: the values'
+/// width does not change it (the workgroup array holds queries and weights; accumulators are
+/// registers of the V step's channel quads). 15 at NSA's E = 192, Ev = 128.
+pub fn heads_per_pass_kv(e: usize, _ev: usize) -> usize {
+    heads_per_pass(e)
+}
+
+/// Token phases of the V step at value width `ev`: groups of 64 / phases invocations, each
+/// taking every phases-th row of a round, so that one group's two quads per invocation cover Ev
+/// (up to 8 phases; Ev > 512 takes several channel blocks).
+pub fn phases(ev: usize) -> usize {
+    let e4 = ev.div_ceil(4);
+    let mut f = 1;
+    while f < 8 && (LANES / (2 * f)) * QUADS_PER_LANE >= e4 {
+        f *= 2;
+    }
+    f
+}
+
+/// Loop iterations one invocation of the partial pass runs at most, as llvmpipe counts them (a
+/// loop of n iterations costs n + 1), with a margin: the setup, then per tile of the split the
+/// copy of its rows, the score loop over E's quad pairs and the rounds of the V step (whose
+/// length, rows / phases, follows Ev).
 pub fn loop_iterations(p: &SparseAttentionParams) -> u64 {
-    let (e4, hc, tk) = (p.e.div_ceil(4) as u64 * 4, p.hc.max(1) as u64, TILE as u64);
-    let (nq, nhq) = (quads_per_lane(p.e as usize) as u64, hc.div_ceil(4));
-    let (gsz, ssz) = ((p.h / p.hkv.max(1)) as u64, (p.h / p.hs.max(1)) as u64);
-    let passes = gsz.min(ssz).div_ceil(hc);
-    let scores = (e4 / 4 + 1) + e4 / 4 * (nhq + 1) + (hc + 1);
-    let softmax = 2 * (tk + 1);
-    let values = (hc * nq + 1) + (tk + 1) + tk * ((nq + 1) + nq * (nhq + 1));
-    let tile = scores + softmax + values + tk + 8;
-    let tiles = (p.w as u64).div_ceil(tk);
-    let pass = (tiles + 1) + tiles * tile + (hc * e4 / tk + 1) + (hc + 1) * (nq + 2);
-    passes * pass + (passes + 1) + 64
+    let lanes = LANES as u64;
+    let e4 = (p.e as u64).div_ceil(4);
+    let tiles = (p.split_len as u64).div_ceil(TILE as u64);
+    let setup = (p.hc as u64 * (e4 + 1)).div_ceil(lanes) + 1 + 5 + 16;
+    let rounds = (TILE / ROUND) as u64;
+    let round = ROUND as u64 / p.phases.max(1) as u64 + 2;
+    let tile = 1 + (TILE as u64 / lanes + 1) + (e4.div_ceil(2) + 2) + (rounds + 1) + rounds * round;
+    setup + tiles * tile + 1
 }
 
-/// Shape of one dispatch; [`params`] derives the uniform block from it.
+/// Loop iterations one invocation of the routing stage runs at most: two passes over the list
+/// in chunks of 64, the shard prefix, the clearing of its workgroup arrays, the row lookup.
+pub fn route_loop_iterations(p: &SparseAttentionParams) -> u64 {
+    2 * ((p.w as u64).div_ceil(LANES as u64) + 1) + p.shards as u64 + 1 + 2 * 5 + 34
+}
+
+/// Shape of one call; [`params`] derives the uniform block from it.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionGeometry {
     /// Query rows T.
@@ -65,7 +98,8 @@ pub struct AttentionGeometry {
     pub hs: usize,
     /// Token slots per (row, group): the last axis W of `token_indices`.
     pub w: usize,
-    /// The main pool; its `num_kv_heads` is Hkv and its `head_dim` is E.
+    /// The main pool; its `num_kv_heads` is Hkv and its `head_dim` is E ([`params`]), or
+    /// max(E, Ev) ([`params_kv`]).
     pub layout: PoolLayout,
     pub layer_idx: usize,
     /// Columns of the page table.
@@ -75,9 +109,12 @@ pub struct AttentionGeometry {
     pub has_sinks: bool,
 }
 
-/// Uniform parameters; layout checked against the WGSL struct by a test.
+/// Uniform parameters of both stages (`shaders/common/attention.wgsl`); layout checked against
+/// the WGSL struct by a test. [`params`] gives the whole call over one pool buffer; a plan
+/// ([`plan_attention`](super::plan_attention)) derives each dispatch's copy (its rows, its
+/// shard).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct SparseAttentionParams {
     pub t: u32,
     pub n: u32,
@@ -86,34 +123,146 @@ pub struct SparseAttentionParams {
     pub hs: u32,
     pub e: u32,
     pub w: u32,
-    pub parts: u32,
+    /// Query heads per workgroup.
     pub hc: u32,
+    /// Selection groups that can meet one KV group.
+    pub segs: u32,
+    /// Head chunks per (KV head, selection group) segment.
+    pub chunks: u32,
+    /// Channel blocks of the V step, (64 / phases) · 2 quads of Ev each.
+    pub cblocks: u32,
+    /// Token-list splits per (row, KV head, part).
+    pub splits: u32,
+    /// List entries per split, a multiple of [`TILE`].
+    pub split_len: u32,
     pub page_size: u32,
     pub page_stride: u32,
     pub num_pages: u32,
     pub max_pages: u32,
     pub k_off: u32,
     pub v_off: u32,
+    /// The pool shard of the dispatch (0 starts the partial results, others continue them).
+    pub shard: u32,
+    /// Pool shards.
+    pub shards: u32,
+    /// Pages per shard (the last may hold fewer).
+    pub shard_pages: u32,
+    /// First row of the dispatch.
+    pub row_base: u32,
+    /// Rows of the dispatch.
+    pub rows: u32,
     pub has_sinks: u32,
     pub scale: f32,
+    /// Token phases of the V step ([`phases`] of Ev).
+    pub phases: u32,
+    /// Value and output channels Ev; 0 means E.
+    pub ev: u32,
+    /// Channels of one pool row per head, max(E, Ev); 0 means E.
+    pub dp: u32,
     pub _pad0: u32,
     pub _pad1: u32,
-    pub _pad2: u32,
 }
 
 impl SparseAttentionParams {
-    /// Workgroups of one dispatch: T · Hkv · parts.
+    /// Ev (E when `ev` is 0).
+    pub fn v_dim(&self) -> u32 {
+        if self.ev == 0 {
+            self.e
+        } else {
+            self.ev
+        }
+    }
+
+    /// Channels of a pool row per head (E when `dp` is 0).
+    pub fn pool_dim(&self) -> u32 {
+        if self.dp == 0 {
+            self.e
+        } else {
+            self.dp
+        }
+    }
+
+    /// Workgroups per row of the partial pass, splits aside: Hkv · segments · head chunks ·
+    /// channel blocks.
+    pub fn parts_per_row(&self) -> u32 {
+        self.hkv * self.segs * self.chunks * self.cblocks
+    }
+
+    /// Workgroups of the partial pass: rows · parts per row · splits.
     pub fn groups(&self) -> u32 {
-        self.t * self.hkv * self.parts
+        self.rows * self.parts_per_row() * self.splits
+    }
+
+    /// Workgroups of the combine: rows · H · blocks of 64 channel quads of Ev.
+    pub fn combine_groups(&self) -> u32 {
+        self.rows * self.h * self.v_dim().div_ceil(4).div_ceil(LANES as u32)
+    }
+
+    /// Partial results per (row, head): splits · phases.
+    pub fn partials_per_head(&self) -> u32 {
+        self.splits * self.phases
+    }
+
+    /// Head quads the shader keeps in registers (`HQ`).
+    pub fn head_quads(&self) -> u32 {
+        self.hc.div_ceil(4).max(1)
+    }
+
+    /// Sets `splits` and `split_len` in units of `unit` list entries (a multiple of 64:
+    /// [`TILE`] where every invocation of a SIMD vector runs every instruction, as on a CPU
+    /// adapter, so tiles should be full; 64 on a GPU): enough splits for [`TARGET_GROUPS`]
+    /// workgroups, none past the llvmpipe budget.
+    pub fn choose_splits(&mut self, unit: usize) {
+        let units = (self.w as usize).div_ceil(unit).max(1);
+        let per_row = (self.t.max(1) * self.parts_per_row().max(1)) as usize;
+        let want = TARGET_GROUPS.div_ceil(per_row).clamp(1, units);
+        let len = units.div_ceil(want).min(self.max_split_len() / unit).max(1);
+        self.split_len = (len * unit) as u32;
+        self.splits = units.div_ceil(len) as u32;
+    }
+
+    /// Longest split (a multiple of 64 entries) within [`LLVMPIPE_LOOP_BUDGET`].
+    pub fn max_split_len(&self) -> usize {
+        let mut p = *self;
+        let mut best = 1;
+        let (mut lo, mut hi) = (1usize, 1 << 22);
+        while lo <= hi {
+            let mid = (lo + hi) / 2;
+            p.split_len = (mid * LANES) as u32;
+            if loop_iterations(&p) <= LLVMPIPE_LOOP_BUDGET {
+                best = mid;
+                lo = mid + 1;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        best * LANES
     }
 }
 
-/// The uniform block of a dispatch, with the rules the shader relies on: Hkv and Hs divide
-/// H, E ≤ [`MAX_E`], and every element index fits in u32.
+/// The uniform block of a call over one pool buffer, with the rules the shaders rely on: Hkv
+/// and Hs divide H, E ≤ [`MAX_E`], and every element index fits in u32. It picks the head
+/// chunks (at most [`heads_per_pass`] heads, balanced), the channel blocks and the splits.
+/// Queries, keys, values and the output all have the pool's `head_dim` channels.
 pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
+    params_kv(g, g.layout.head_dim, g.layout.head_dim)
+}
+
+/// [`params`] for queries and keys of `e` channels and values (and the output) of `ev`
+/// channels, read from a pool whose `head_dim` is max(E, Ev): K in the first E channels of its
+/// row, V in the first Ev (NSA's Dqk = 192, Dv = 128; MLA-style caches).
+pub fn params_kv(g: &AttentionGeometry, e: usize, ev: usize) -> Result<SparseAttentionParams> {
     let l = g.layout;
-    let (h, hkv, hs, e) = (g.h, l.num_kv_heads, g.hs, l.head_dim);
+    let (h, hkv, hs) = (g.h, l.num_kv_heads, g.hs);
     check_di(OP, "query", e)?;
+    check_di(OP, "v_head_dim", ev)?;
+    if e.max(ev) != l.head_dim {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("head_dim {} must be max(E = {e}, Ev = {ev})", l.head_dim),
+        ));
+    }
     if h == 0 || hkv == 0 || hs == 0 || h % hkv != 0 || h % hs != 0 {
         return Err(Error::input(
             OP,
@@ -126,16 +275,22 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
             .map_err(|_| Error::input(OP, name, format!("{elems} elements exceed u32 addressing")))
     };
     fits("kv_blocks", l.required_elems())?;
-    fits("query", g.t * h * e)?;
+    fits("query", g.t * h * e.max(ev))?;
     fits("token_indices", g.t * hs * g.w)?;
     fits("page_table", 2 * g.n + 1 + g.n * g.max_pages)?;
+    // A segment: the heads of one KV group that share one selection group (one token list).
     let (gsz, ssz) = (h / hkv, h / hs);
-    let parts = (0..hkv)
-        .map(|kh| ((kh + 1) * gsz - 1) / ssz - kh * gsz / ssz + 1)
-        .max()
-        .unwrap_or(1);
-    fits("query", g.t * hkv * parts)?;
-    Ok(SparseAttentionParams {
+    let (mut segs, mut longest) = (1, 1);
+    for kh in 0..hkv {
+        let (g0, g1) = (kh * gsz / ssz, ((kh + 1) * gsz - 1) / ssz);
+        segs = segs.max(g1 - g0 + 1);
+        for sel in g0..=g1 {
+            let len = ((kh + 1) * gsz).min((sel + 1) * ssz) - (kh * gsz).max(sel * ssz);
+            longest = longest.max(len);
+        }
+    }
+    let chunks = longest.div_ceil(heads_per_pass(e));
+    let mut p = SparseAttentionParams {
         t: g.t as u32,
         n: g.n as u32,
         h: h as u32,
@@ -143,18 +298,35 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
         hs: hs as u32,
         e: e as u32,
         w: g.w as u32,
-        parts: parts as u32,
-        hc: heads_per_pass(e) as u32,
+        hc: longest.div_ceil(chunks) as u32,
+        segs: segs as u32,
+        chunks: chunks as u32,
+        cblocks: ev.div_ceil(4).div_ceil(LANES / phases(ev) * QUADS_PER_LANE) as u32,
         page_size: l.page_size as u32,
         page_stride: l.page_stride as u32,
         num_pages: l.num_pages as u32,
         max_pages: g.max_pages as u32,
         k_off: l.offset(0, 0, g.layer_idx, 0, 0) as u32,
         v_off: l.offset(0, 1, g.layer_idx, 0, 0) as u32,
+        shard: 0,
+        shards: 1,
+        shard_pages: l.num_pages.max(1) as u32,
+        row_base: 0,
+        rows: g.t as u32,
         has_sinks: g.has_sinks as u32,
         scale: g.scale.unwrap_or(1.0 / (e as f32).sqrt()),
+        phases: phases(ev) as u32,
+        ev: ev as u32,
+        dp: l.head_dim as u32,
         ..Default::default()
-    })
+    };
+    p.choose_splits(LANES);
+    let groups = g.t * p.parts_per_row() as usize * p.splits as usize;
+    fits(
+        "query",
+        groups.max(g.t * h * ev.div_ceil(4).div_ceil(LANES)),
+    )?;
+    Ok(p)
 }
 
 /// The `seqs` buffer image: `row_offsets [N+1]`, then `cache_lengths [N]`, then the page table
@@ -162,110 +334,4 @@ pub fn params(g: &AttentionGeometry) -> Result<SparseAttentionParams> {
 pub fn pack_seqs(offsets: &[u32], cache: &[u32], table: &[u32]) -> Tensor {
     let v: Vec<u32> = offsets.iter().chain(cache).chain(table).copied().collect();
     Tensor::from_u32(&[v.len()], &v)
-}
-
-/// Device buffers of one attention dispatch. Float buffers hold the call's type T (f16/bf16
-/// packed two per word), integer buffers i32/u32 words.
-pub struct AttentionBuffers<'a> {
-    /// `[T, H, E]` T.
-    pub query: &'a wgpu::Buffer,
-    /// The main pool, `[num_pages, 2, layers, page_size, Hkv, E]` T, pages `page_stride` apart.
-    pub pool: &'a wgpu::Buffer,
-    /// [`pack_seqs`]: row_offsets, cache_lengths, page table.
-    pub seqs: &'a wgpu::Buffer,
-    /// `[T, Hs, W]` i32.
-    pub token_indices: &'a wgpu::Buffer,
-    /// `[T, Hs]` i32.
-    pub token_count: &'a wgpu::Buffer,
-    /// `[H]` f32, or `None` (then `params.has_sinks` must be 0).
-    pub sinks: Option<&'a wgpu::Buffer>,
-    /// `[T, H, E]` T, every element written.
-    pub out: &'a wgpu::Buffer,
-    /// The flag word (`shaders/common/flags.wgsl`); read with [`read_checked`].
-    pub flags: &'a wgpu::Buffer,
-}
-
-/// Describes one attention dispatch. Buffers too small for `prm` are an error here,
-/// before anything is recorded; device values (lengths, tokens, pages) are checked by the
-/// shader and reported through `b.flags`.
-pub fn dispatch_attention<'a>(
-    ctx: &'a Context,
-    dt: DType,
-    prm: &'a SparseAttentionParams,
-    b: &AttentionBuffers<'a>,
-) -> Result<Dispatch<'a>> {
-    let d = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
-    if d.contains("llvmpipe") && loop_iterations(prm) > LLVMPIPE_LOOP_BUDGET {
-        return Err(Error::input(
-            OP,
-            "token_indices",
-            format!(
-                "W = {} with E = {} and {} heads per KV group needs up to {} loop iterations per invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_LIMIT}",
-                prm.w, prm.e, prm.h / prm.hkv.max(1), loop_iterations(prm)
-            ),
-        ));
-    }
-    if !dt.is_float() || (prm.has_sinks != 0) != b.sinks.is_some() {
-        return Err(Error::input(
-            OP,
-            "sinks",
-            format!(
-                "type {dt} / has_sinks {} / sinks buffer mismatch",
-                prm.has_sinks
-            ),
-        ));
-    }
-    let es = dt.size() as u64;
-    let (t, h, e, n) = (prm.t as u64, prm.h as u64, prm.e as u64, prm.n as u64);
-    let rows = t * prm.hs as u64;
-    let pool_need = (prm.num_pages as u64).saturating_sub(1) * prm.page_stride as u64
-        + prm.v_off as u64
-        + prm.page_size as u64 * prm.hkv as u64 * e;
-    let mut need = vec![
-        ("query", b.query, t * h * e * es),
-        ("kv_blocks", b.pool, pool_need * es),
-        ("seqs", b.seqs, (2 * n + 1 + n * prm.max_pages as u64) * 4),
-        ("token_indices", b.token_indices, rows * prm.w as u64 * 4),
-        ("token_count", b.token_count, rows * 4),
-        ("out", b.out, t * h * e * es),
-    ];
-    if let Some(s) = b.sinks {
-        need.push(("sinks", s, h * 4));
-    }
-    for (name, buf, bytes) in need {
-        ctx.check_binding_size(OP, name, bytes)?;
-        if buf.size() < bytes {
-            return Err(Error::input(
-                OP,
-                name,
-                format!("buffer holds {} bytes, the call needs {bytes}", buf.size()),
-            ));
-        }
-    }
-    Ok(Dispatch {
-        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
-        params: bytemuck::bytes_of(prm),
-        buffers: vec![
-            b.query,
-            b.pool,
-            b.seqs,
-            b.token_indices,
-            b.token_count,
-            b.sinks.unwrap_or(&ctx.dummy),
-            b.out,
-            b.flags,
-        ],
-        groups: prm.groups(),
-    })
-}
-
-/// Records the dispatch of [`dispatch_attention`] with a fresh bind group.
-pub async fn encode_attention(
-    ctx: &Context,
-    enc: &mut wgpu::CommandEncoder,
-    dt: DType,
-    prm: &SparseAttentionParams,
-    b: &AttentionBuffers<'_>,
-) -> Result<()> {
-    encode(ctx, enc, dispatch_attention(ctx, dt, prm, b)?).await
 }

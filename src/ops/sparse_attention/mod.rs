@@ -1,12 +1,18 @@
 //! `sparse_attention` (SPEC §7): GQA attention of each query head over the tokens its
 //! selection group gathered (`expand_route`'s output), read from the main paged KV pool, with
-//! an optional per-head sink. This module holds the attributes, inputs, host validation and
-//! CPU reference; [`dispatch`] the shader's parameters and [`encode_attention`], which records
-//! the dispatch over device buffers for orchestrators. Shader: `shaders/sparse_attention.wgsl`.
+//! an optional per-head sink; values may have another width than keys (`v_head_dim` Ev, for
+//! NSA's Dqk = 192, Dv = 128). This module holds the attributes, inputs, host validation and
+//! CPU reference; [`dispatch`] how a call is cut into workgroups and the shaders' parameters;
+//! [`encode`] the buffers, the plan of dispatches and [`encode_attention`], which records a call
+//! over device buffers for orchestrators. Shaders: `shaders/sparse_attention_route.wgsl` (token
+//! lists routed to pool shards), `shaders/sparse_attention.wgsl` (partial results per
+//! token-list split) and `shaders/sparse_attention_combine.wgsl` (their merge).
 
 mod dispatch;
+mod encode;
 
 pub use dispatch::*;
+pub use encode::*;
 
 use super::block_score::ragged;
 use super::common::*;
@@ -25,6 +31,10 @@ pub struct SparseAttentionAttrs {
     pub layer_idx: usize,
     /// `None`: the packed page size.
     pub page_stride: Option<i64>,
+    /// Ev, the channels of values and of the output. `None`: E, and the pool's `head_dim` must
+    /// be E. Given: the pool's `head_dim` must be max(E, Ev); K is read from the first E
+    /// channels of a row, V from the first Ev.
+    pub v_head_dim: Option<usize>,
 }
 
 impl SparseAttentionAttrs {
@@ -45,10 +55,15 @@ impl SparseAttentionAttrs {
             None | Some(serde_json::Value::Null) => None,
             Some(_) => Some(attr_int(OP, a, "page_stride", None)?),
         };
+        let v_head_dim = match attr_opt_usize(OP, a, "v_head_dim")? {
+            Some(0) => return Err(Error::attr(OP, "v_head_dim", "must be >= 1, got 0")),
+            v => v,
+        };
         Ok(SparseAttentionAttrs {
             scale,
             layer_idx: layer as usize,
             page_stride,
+            v_head_dim,
         })
     }
 }
@@ -84,6 +99,10 @@ impl<'a> SparseAttentionInputs<'a> {
 pub struct Plan {
     pub dt: DType,
     pub geo: AttentionGeometry,
+    /// Query and key channels E.
+    pub e: usize,
+    /// Value and output channels Ev.
+    pub ev: usize,
     pub offsets: Vec<u32>,
     pub cache: Vec<u32>,
     pub table: Vec<u32>,
@@ -113,15 +132,30 @@ pub fn validate(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<P
     float_of(OP, "kv_blocks", x.kv_blocks, dt)?;
     let layout = PoolLayout::from_tensor(OP, "kv_blocks", x.kv_blocks, a.page_stride, false)?;
     let hkv = layout.num_kv_heads;
-    if layout.head_dim != e {
-        return Err(Error::input(
-            OP,
-            "kv_blocks",
-            format!(
-                "head_dim {} differs from the query's E = {e}",
-                layout.head_dim
-            ),
-        ));
+    let ev = a.v_head_dim.unwrap_or(e);
+    check_di(OP, "v_head_dim", ev)?;
+    match a.v_head_dim {
+        None if layout.head_dim != e => {
+            return Err(Error::input(
+                OP,
+                "kv_blocks",
+                format!(
+                    "head_dim {} differs from the query's E = {e}",
+                    layout.head_dim
+                ),
+            ))
+        }
+        Some(_) if layout.head_dim != e.max(ev) => {
+            return Err(Error::input(
+                OP,
+                "kv_blocks",
+                format!(
+                    "head_dim {} must be max(E = {e}, v_head_dim = {ev})",
+                    layout.head_dim
+                ),
+            ))
+        }
+        _ => {}
     }
     if h % hkv != 0 {
         return Err(Error::input(
@@ -168,6 +202,8 @@ pub fn validate(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<P
     let counts = ints(OP, "token_count", x.token_count)?;
     let mut plan = Plan {
         dt,
+        e,
+        ev,
         geo: AttentionGeometry {
             t,
             n,
@@ -252,19 +288,19 @@ pub fn validate(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<P
         }
         plan.sinks = Some(v);
     }
-    params(&plan.geo)?;
+    params_kv(&plan.geo, e, ev)?;
     Ok(plan)
 }
 
-/// The CPU reference: `out [T, H, E]`, a two-pass softmax per (row, head) in f32.
+/// The CPU reference: `out [T, H, Ev]`, a two-pass softmax per (row, head) in f32.
 pub fn cpu(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<Tensor> {
     let p = validate(x, a)?;
     let g = p.geo;
     let (l, h, hs, w) = (g.layout, g.h, g.hs, g.w);
-    let (e, hkv) = (l.head_dim, l.num_kv_heads);
+    let (e, ev, hkv) = (p.e, p.ev, l.num_kv_heads);
     let scale = g.scale.unwrap_or(1.0 / (e as f32).sqrt());
     let (q, pool) = (x.query.to_f32(), x.kv_blocks.to_f32());
-    let mut out = vec![0f32; g.t * h * e];
+    let mut out = vec![0f32; g.t * h * ev];
     for t in 0..g.t {
         let (seq, _) = p.locate(t);
         for head in 0..h {
@@ -294,17 +330,17 @@ pub fn cpu(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<Tensor
                 .chain(sink)
                 .fold(f32::NEG_INFINITY, f32::max);
             let mut den = sink.map_or(0.0, |s| (s - m).exp());
-            let o = &mut out[(t * h + head) * e..][..e];
+            let o = &mut out[(t * h + head) * ev..][..ev];
             for (&tok, zj) in list.iter().zip(&z) {
                 let wgt = (zj - m).exp();
                 den += wgt;
-                let v = &pool[at(tok, 1)..][..e];
+                let v = &pool[at(tok, 1)..][..ev];
                 o.iter_mut().zip(v).for_each(|(o, v)| *o += wgt * v);
             }
             o.iter_mut().for_each(|o| *o /= den);
         }
     }
-    Ok(Tensor::from_f32(p.dt, &[g.t, h, e], &out))
+    Ok(Tensor::from_f32(p.dt, &[g.t, h, ev], &out))
 }
 
 /// Runs on the GPU: uploads, one dispatch, readback of `out` and the flags.
@@ -315,7 +351,7 @@ pub async fn gpu(
 ) -> Result<Tensor> {
     let p = validate(x, a)?;
     let g = p.geo;
-    let prm = params(&g)?;
+    let prm = params_kv(&g, p.e, p.ev)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
     let query = up("query", x.query)?;
     let pool = up("kv_blocks", x.kv_blocks)?;
@@ -323,7 +359,7 @@ pub async fn gpu(
     let tokens = up("token_indices", x.token_indices)?;
     let counts = up("token_count", x.token_count)?;
     let sinks = x.sinks.map(|s| up("sinks", s)).transpose()?;
-    let shape = [g.t, g.h, g.layout.head_dim];
+    let shape = [g.t, g.h, p.ev];
     let out = GpuTensor::filled(ctx, "qsa.sparse_attention.out", p.dt, &shape, 0xff)?;
     let flags = flag_word(ctx)?;
     let mut enc = ctx.device.create_command_encoder(&Default::default());

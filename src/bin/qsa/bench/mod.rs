@@ -138,11 +138,6 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
                 i * dtypes.len() + j + 1
             );
             let mut m = presets::measure(&ctx, p, dt, args.runs)?;
-            eprintln!(
-                "[{}/{total}] {p} {dt}: {} runs done",
-                i * dtypes.len() + j + 1,
-                args.runs
-            );
             let secs = m.gpu_ms.unwrap_or(m.wall_median_ms) * 1e-3;
             m.gbs = m.bytes as f64 / secs / 1e9;
             m.gflops = m.flops as f64 / secs / 1e9;

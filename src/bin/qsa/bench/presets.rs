@@ -2,18 +2,20 @@
 //! cached context is compressed once by a keys-only step; every timed step appends the new
 //! tokens' keys, runs, and is rolled back with `truncate`, so each run does the same work);
 //! `nsa-decode` runs `nsa_compress_attention` over device-resident buffers; the attention
-//! preset runs `sparse_attention` over a 128K-token paged pool.
+//! preset runs `sparse_attention` over a 128K-token paged pool, in shards of whole pages that
+//! each fit one storage binding.
 
 use super::{Measure, Stage};
 use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
-use qsa_wgpu::ops::common::flag_word;
+use qsa_wgpu::ops::common::{flag_word, read_checked};
 use qsa_wgpu::ops::nsa_compress_attention::{
     encode_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout, NsaAttnBuffers,
     NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
 };
 use qsa_wgpu::ops::sparse_attention::{
-    encode_attention, pack_seqs, params as attn_params, AttentionBuffers, AttentionGeometry,
+    encode_attention_sharded, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
+    AttentionGeometry, ShardedAttentionBuffers,
 };
 use qsa_wgpu::paged::PoolLayout;
 use qsa_wgpu::testing::Rng;
@@ -280,7 +282,8 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
 
 /// QSA main attention: one decode row at position 131071 over its selection (512 random
 /// blocks of 4 tokens; the tail is empty there, as in the peer) from a 131072-token paged
-/// pool; H = 24, Hkv = 2, E = 256.
+/// pool; H = 24, Hkv = 2, E = 256. The pool (256 MiB in bf16, 512 MiB in f32) lives in shards
+/// of whole pages, each within one storage binding.
 fn attention(
     ctx: &std::sync::Arc<Context>,
     preset: &str,
@@ -298,19 +301,30 @@ fn attention(
     );
     let pages = total.div_ceil(page);
     let layout = PoolLayout::packed(pages, 1, page, hkv, e);
-    let bytes_pool = (layout.required_elems() * dt.size()) as u64;
-    ctx.check_binding_size("sparse_attention", "kv_blocks", bytes_pool)?;
+    let limit = ctx
+        .limits
+        .max_storage_buffer_binding_size
+        .min(ctx.limits.max_buffer_size);
+    let page_elems = layout.page_elems();
+    let page_bytes = (page_elems * dt.size()) as u64;
+    ctx.check_binding_size("sparse_attention", "kv_blocks", page_bytes)?;
+    let shard_pages = ((limit / page_bytes) as usize).clamp(1, pages);
     let mut rng = Rng::new(13);
     // The pool is filled in slices so the host never holds it twice.
-    let pool = GpuTensor::filled(ctx, "qsa.bench.kv", dt, &[layout.required_elems()], 0)?;
-    let slice = 1 << 22;
-    let mut at = 0;
-    while at < layout.required_elems() {
-        let n = slice.min(layout.required_elems() - at);
-        let t = Tensor::from_f32(dt, &[n], &rng.normals(n));
-        ctx.queue
-            .write_buffer(&pool.buffer, (at * dt.size()) as u64, &t.data);
-        at += n;
+    let mut shards = Vec::new();
+    for lo in (0..pages).step_by(shard_pages) {
+        let elems = shard_pages.min(pages - lo) * page_elems;
+        let shard = GpuTensor::filled(ctx, "qsa.bench.kv", dt, &[elems], 0)?;
+        let slice = 1 << 22;
+        let mut at = 0;
+        while at < elems {
+            let n = slice.min(elems - at);
+            let t = Tensor::from_f32(dt, &[n], &rng.normals(n));
+            ctx.queue
+                .write_buffer(&shard.buffer, (at * dt.size()) as u64, &t.data);
+            at += n;
+        }
+        shards.push(shard);
     }
     let p = total - 1; // the decode row's position
     let mut blocks: Vec<u32> = rng.permutation(total / r);
@@ -344,26 +358,32 @@ fn attention(
         scale: None,
         has_sinks: false,
     })?;
+    let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
+    let partials = scratch_buffer(ctx, "qsa.bench.partials", plan.partials_bytes);
+    let routes = scratch_buffer(ctx, "qsa.bench.routes", plan.routes_bytes);
     let mut timer = Timer::new(ctx, 2);
     let (mut walls, mut stages) = (Vec::new(), Vec::new());
     for run in 0..WARMUP + runs {
         progress(preset, run, runs);
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        let b = AttentionBuffers {
+        let b = ShardedAttentionBuffers {
             query: &q.buffer,
-            pool: &pool.buffer,
+            pool: shards.iter().map(|s| &s.buffer).collect(),
+            shard_pages,
             seqs: &gs.buffer,
             token_indices: &ti.buffer,
             token_count: &tc.buffer,
             sinks: None,
             out: &out.buffer,
             flags: &flags.buffer,
+            partials: &partials,
+            routes: &routes,
         };
         if let Some(t) = &mut timer {
             t.clear();
             t.begin_span(&mut enc, "attention");
         }
-        pollster::block_on(encode_attention(ctx, &mut enc, dt, &prm, &b))?;
+        pollster::block_on(encode_attention_sharded(ctx, &mut enc, dt, &prm, &b))?;
         if let Some(t) = &timer {
             t.end_span(&mut enc);
             t.resolve(&mut enc);
@@ -381,6 +401,8 @@ fn attention(
             stages.push(st);
         }
     }
+    // The device's flags (bad pages, tokens, counts) turn into an error here.
+    pollster::block_on(read_checked(ctx, "sparse_attention", &[&out], &flags))?;
     let bytes = (count * 2 * hkv * e * dt.size() + h * e * dt.size()) as u64;
     let flops = (4 * h * e * count) as u64;
     Ok(finish(preset, dt, &walls, &stages, bytes, flops))

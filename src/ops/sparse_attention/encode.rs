@@ -1,0 +1,410 @@
+//! Recording a `sparse_attention` call: the device buffers it binds (the main pool in one
+//! buffer, or in shards of whole pages), the plan of its dispatches (per chunk of rows: the
+//! routing of the token lists to the shards, the partial pass over each shard, the combine;
+//! through two scratch buffers, routes and partial results), and the entry points for
+//! orchestrators.
+
+use super::dispatch::*;
+use super::OP;
+use crate::error::{Error, Result};
+use crate::gpu::{Context, PipelineKey};
+use crate::ops::common::{encode, Dispatch};
+use crate::tensor::DType;
+
+/// The routing stage's shader (and pipeline label).
+pub const ROUTE: &str = "sparse_attention_route";
+/// The combine stage's shader (and pipeline label).
+pub const COMBINE: &str = "sparse_attention_combine";
+/// Most pool shards one call takes (`MAX_SHARDS` in the routing shader).
+pub const MAX_SHARDS: usize = 64;
+
+/// Device buffers of one call over a pool in one buffer. Float buffers hold the call's type T
+/// (f16/bf16 packed two per word), integer buffers i32/u32 words.
+pub struct AttentionBuffers<'a> {
+    /// `[T, H, E]` T.
+    pub query: &'a wgpu::Buffer,
+    /// The main pool, `[num_pages, 2, layers, page_size, Hkv, Dp]` T (Dp = max(E, Ev)), pages
+    /// `page_stride` apart.
+    pub pool: &'a wgpu::Buffer,
+    /// [`pack_seqs`]: row_offsets, cache_lengths, page table.
+    pub seqs: &'a wgpu::Buffer,
+    /// `[T, Hs, W]` i32.
+    pub token_indices: &'a wgpu::Buffer,
+    /// `[T, Hs]` i32.
+    pub token_count: &'a wgpu::Buffer,
+    /// `[H]` f32, or `None` (then `params.has_sinks` must be 0).
+    pub sinks: Option<&'a wgpu::Buffer>,
+    /// `[T, H, Ev]` T, every element written.
+    pub out: &'a wgpu::Buffer,
+    /// The flag word (`shaders/common/flags.wgsl`); read with `read_checked`.
+    pub flags: &'a wgpu::Buffer,
+}
+
+impl<'a> AttentionBuffers<'a> {
+    /// The same call as one shard of `num_pages` pages, with `partials` and `routes` as its
+    /// scratch.
+    pub fn sharded(
+        &self,
+        num_pages: usize,
+        partials: &'a wgpu::Buffer,
+        routes: &'a wgpu::Buffer,
+    ) -> ShardedAttentionBuffers<'a> {
+        ShardedAttentionBuffers {
+            query: self.query,
+            pool: vec![self.pool],
+            shard_pages: num_pages.max(1),
+            seqs: self.seqs,
+            token_indices: self.token_indices,
+            token_count: self.token_count,
+            sinks: self.sinks,
+            out: self.out,
+            flags: self.flags,
+            partials,
+            routes,
+        }
+    }
+}
+
+/// Device buffers of one call whose pool is split into shards of whole pages, each within one
+/// storage binding: page p lives in `pool[p / shard_pages]` at local page `p % shard_pages`
+/// (local pages `page_stride` apart, laid out as in the whole pool). The other buffers are
+/// those of [`AttentionBuffers`].
+pub struct ShardedAttentionBuffers<'a> {
+    pub query: &'a wgpu::Buffer,
+    /// `ceil(num_pages / shard_pages)` buffers; the last may hold fewer pages.
+    pub pool: Vec<&'a wgpu::Buffer>,
+    pub shard_pages: usize,
+    pub seqs: &'a wgpu::Buffer,
+    pub token_indices: &'a wgpu::Buffer,
+    pub token_count: &'a wgpu::Buffer,
+    pub sinks: Option<&'a wgpu::Buffer>,
+    pub out: &'a wgpu::Buffer,
+    pub flags: &'a wgpu::Buffer,
+    /// Scratch of the partial results: at least the plan's `partials_bytes`.
+    pub partials: &'a wgpu::Buffer,
+    /// Scratch of the routed token lists: at least the plan's `routes_bytes`.
+    pub routes: &'a wgpu::Buffer,
+}
+
+/// One dispatch of a plan.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionStep {
+    /// [`ROUTE`], `"sparse_attention"` (the partial pass over one shard) or [`COMBINE`].
+    pub shader: &'static str,
+    /// The pool shard a partial pass reads (0 for the others).
+    pub shard: usize,
+    /// Its index among the plan's steps of the same shader (a `BindCache` slot).
+    pub slot: usize,
+    pub params: SparseAttentionParams,
+}
+
+/// The dispatches of one call, in recording order: for each chunk of rows, the routing, the
+/// partial pass over every shard (each continuing the previous one's partials), the combine.
+#[derive(Clone, Debug)]
+pub struct AttentionPlan {
+    pub steps: Vec<AttentionStep>,
+    pub shard_pages: usize,
+    /// Scratch bytes the partial results of one row chunk take.
+    pub partials_bytes: u64,
+    /// Scratch bytes the routed token lists of one row chunk take.
+    pub routes_bytes: u64,
+}
+
+/// Bytes of one partial result: Ev4 channel quads and an (m, l) per channel block, in f32
+/// vec4s.
+fn record_bytes(p: &SparseAttentionParams) -> u64 {
+    ((p.v_dim() as u64).div_ceil(4) + p.cblocks.max(1) as u64) * 16
+}
+
+/// Plans a call from its uniform block ([`params`]) for a pool in shards of `shard_pages`
+/// pages, with scratch buffers of `partials_cap` and `routes_cap` bytes. On a CPU adapter
+/// splits are rounded to whole tiles ([`TILE`] entries; [`params`] picks 64-entry units, right
+/// for GPUs); rows are taken in chunks whose scratch fits (and splits are cut back when one
+/// row's partials do not).
+pub fn plan_attention(
+    ctx: &Context,
+    prm: &SparseAttentionParams,
+    shard_pages: usize,
+    partials_cap: u64,
+    routes_cap: u64,
+) -> Result<AttentionPlan> {
+    let mut p = *prm;
+    let np = p.num_pages as usize;
+    let shard_pages = shard_pages.max(1);
+    let shards = np.div_ceil(shard_pages).max(1);
+    if shards > MAX_SHARDS {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("{shards} pool shards of {shard_pages} pages; at most {MAX_SHARDS}"),
+        ));
+    }
+    let unit = if ctx.info.device_type == wgpu::DeviceType::Cpu {
+        TILE
+    } else {
+        LANES
+    };
+    if !(p.split_len as usize).is_multiple_of(unit) {
+        p.choose_splits(unit);
+    }
+    let head_bytes = p.h as u64 * p.phases as u64 * record_bytes(&p);
+    if p.splits as u64 * head_bytes > partials_cap {
+        let fit = (partials_cap / head_bytes) as usize;
+        let units = (p.w as usize).div_ceil(unit).max(1);
+        let len = units.div_ceil(fit.max(1)) * unit;
+        if fit == 0 || len > p.max_split_len() {
+            return Err(Error::Limit {
+                op: OP,
+                input: "partials".into(),
+                need: p.splits as u64 * head_bytes,
+                limit_name: "scratch capacity",
+                limit: partials_cap,
+            });
+        }
+        p.split_len = len as u32;
+        p.splits = units.div_ceil(len / unit) as u32;
+    }
+    let row_bytes = p.splits as u64 * head_bytes;
+    let route_bytes = p.hs as u64 * (shards + 1 + p.w as usize) as u64 * 4;
+    if route_bytes > routes_cap {
+        return Err(Error::Limit {
+            op: OP,
+            input: "routes".into(),
+            need: route_bytes,
+            limit_name: "scratch capacity",
+            limit: routes_cap,
+        });
+    }
+    let t = p.t as usize;
+    let chunk =
+        ((partials_cap / row_bytes).min(routes_cap / route_bytes) as usize).clamp(1, t.max(1));
+    p.shards = shards as u32;
+    p.shard_pages = shard_pages as u32;
+    let mut steps = Vec::new();
+    for (c, base) in (0..t).step_by(chunk).enumerate() {
+        let p = SparseAttentionParams {
+            row_base: base as u32,
+            rows: chunk.min(t - base) as u32,
+            ..p
+        };
+        let step = |shader, shard: usize, slot| AttentionStep {
+            shader,
+            shard,
+            slot,
+            params: SparseAttentionParams {
+                shard: shard as u32,
+                ..p
+            },
+        };
+        steps.push(step(ROUTE, 0, c));
+        for k in 0..shards {
+            steps.push(step(OP, k, c * shards + k));
+        }
+        steps.push(step(COMBINE, 0, c));
+    }
+    let rows = chunk.min(t.max(1)) as u64;
+    Ok(AttentionPlan {
+        steps,
+        shard_pages,
+        partials_bytes: (rows * row_bytes).max(16),
+        routes_bytes: (rows * route_bytes).max(16),
+    })
+}
+
+/// Whether 16-bit channel quads of every row of `width` channels (queries: E, outputs: Ev)
+/// are whole words.
+fn align2(dt: DType, width: u32) -> u32 {
+    (dt.size() == 2 && width.is_multiple_of(2)) as u32
+}
+
+/// Whether every K and V row (Dp channels per head) starts on a whole 16-byte word of the pool.
+fn vec_rows(dt: DType, p: &SparseAttentionParams) -> u32 {
+    let m = 16 / dt.size() as u32;
+    (p.pool_dim().is_multiple_of(m) && p.page_stride.is_multiple_of(m)) as u32
+}
+
+/// Describes every dispatch of `plan` over `b`, paired with its step. Buffers too small for the
+/// plan are an error here, before anything is recorded; device values (lengths, tokens, pages)
+/// are checked by the shader and reported through `b.flags`.
+pub fn dispatch_attention<'a>(
+    ctx: &'a Context,
+    dt: DType,
+    plan: &'a AttentionPlan,
+    b: &ShardedAttentionBuffers<'a>,
+) -> Result<Vec<(&'a AttentionStep, Dispatch<'a>)>> {
+    let Some(first) = plan.steps.first() else {
+        return Ok(Vec::new());
+    };
+    let prm = &first.params;
+    let d = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
+    if d.contains("llvmpipe") {
+        let (n, r) = (loop_iterations(prm), route_loop_iterations(prm));
+        if n.max(r) > LLVMPIPE_LOOP_BUDGET {
+            return Err(Error::input(
+                OP,
+                "token_indices",
+                format!(
+                    "W = {} (splits of {}) with E = {}, Ev = {} needs up to {} loop iterations per invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_LIMIT}",
+                    prm.w, prm.split_len, prm.e, prm.v_dim(), n.max(r)
+                ),
+            ));
+        }
+    }
+    if !dt.is_float() || (prm.has_sinks != 0) != b.sinks.is_some() {
+        return Err(Error::input(
+            OP,
+            "sinks",
+            format!(
+                "type {dt} / has_sinks {} / sinks buffer mismatch",
+                prm.has_sinks
+            ),
+        ));
+    }
+    let np = prm.num_pages as u64;
+    let sp = b.shard_pages.max(1) as u64;
+    if b.shard_pages != plan.shard_pages || b.pool.len() as u64 != np.div_ceil(sp).max(1) {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!(
+                "{} shard buffers of {} pages for {np} pages (the plan has shards of {})",
+                b.pool.len(),
+                b.shard_pages,
+                plan.shard_pages
+            ),
+        ));
+    }
+    let es = dt.size() as u64;
+    let (t, h, e, n) = (prm.t as u64, prm.h as u64, prm.e as u64, prm.n as u64);
+    let (ev, dp) = (prm.v_dim() as u64, prm.pool_dim() as u64);
+    if ev > dp || e > dp {
+        return Err(Error::input(
+            OP,
+            "kv_blocks",
+            format!("pool rows of {dp} channels cannot hold E = {e} and Ev = {ev}"),
+        ));
+    }
+    let rows = t * prm.hs as u64;
+    let mut need = vec![
+        ("query", b.query, t * h * e * es),
+        ("seqs", b.seqs, (2 * n + 1 + n * prm.max_pages as u64) * 4),
+        ("token_indices", b.token_indices, rows * prm.w as u64 * 4),
+        ("token_count", b.token_count, rows * 4),
+        ("out", b.out, t * h * ev * es),
+        ("partials", b.partials, plan.partials_bytes),
+        ("routes", b.routes, plan.routes_bytes),
+    ];
+    for (k, buf) in b.pool.iter().enumerate() {
+        let pages = sp.min(np - (k as u64 * sp).min(np));
+        let elems = pages.saturating_sub(1) * prm.page_stride as u64
+            + prm.v_off as u64
+            + prm.page_size as u64 * prm.hkv as u64 * dp;
+        // The shader reads the pool in 16-byte words.
+        need.push(("kv_blocks", buf, (elems * es).div_ceil(16) * 16));
+    }
+    if let Some(s) = b.sinks {
+        need.push(("sinks", s, h * 4));
+    }
+    for (name, buf, bytes) in need {
+        ctx.check_binding_size(OP, name, bytes)?;
+        if buf.size() < bytes {
+            return Err(Error::input(
+                OP,
+                name,
+                format!("buffer holds {} bytes, the call needs {bytes}", buf.size()),
+            ));
+        }
+    }
+    let (a2q, a2o, vec) = (
+        align2(dt, prm.e),
+        align2(dt, prm.v_dim()),
+        vec_rows(dt, prm),
+    );
+    let mut out = Vec::new();
+    for step in &plan.steps {
+        let p = &step.params;
+        let d = match step.shader {
+            ROUTE => Dispatch {
+                key: PipelineKey::new(ROUTE, "main"),
+                params: bytemuck::bytes_of(p),
+                buffers: vec![b.seqs, b.token_indices, b.token_count, b.routes, b.flags],
+                groups: p.rows * p.hs,
+            },
+            COMBINE => Dispatch {
+                key: PipelineKey::new(COMBINE, "main")
+                    .with("T_KIND", dt.shader_kind())
+                    .with("ALIGN2", a2o),
+                params: bytemuck::bytes_of(p),
+                buffers: vec![b.partials, b.sinks.unwrap_or(&ctx.dummy), b.out],
+                groups: p.combine_groups(),
+            },
+            _ => Dispatch {
+                key: PipelineKey::new(OP, "main")
+                    .with("T_KIND", dt.shader_kind())
+                    .with("HQ", p.head_quads())
+                    .with("ALIGN2", a2q)
+                    .with("VEC", vec),
+                params: bytemuck::bytes_of(p),
+                buffers: vec![b.query, b.pool[step.shard], b.routes, b.partials],
+                groups: p.groups(),
+            },
+        };
+        out.push((step, d));
+    }
+    Ok(out)
+}
+
+/// The largest scratch buffer one call may use: one storage binding.
+fn scratch_capacity(ctx: &Context) -> u64 {
+    ctx.limits
+        .max_storage_buffer_binding_size
+        .min(ctx.limits.max_buffer_size)
+}
+
+/// A scratch buffer of at least `bytes` (whole 16-byte words).
+pub fn scratch_buffer(ctx: &Context, label: &str, bytes: u64) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes.div_ceil(16).max(1) * 16,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    })
+}
+
+/// Records a call over a pool in one buffer into `enc`, with fresh bind groups and scratch
+/// buffers of its own.
+pub async fn encode_attention(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &SparseAttentionParams,
+    b: &AttentionBuffers<'_>,
+) -> Result<()> {
+    let cap = scratch_capacity(ctx);
+    let plan = plan_attention(ctx, prm, prm.num_pages as usize, cap, cap)?;
+    let partials = scratch_buffer(ctx, "qsa.sparse_attention.partials", plan.partials_bytes);
+    let routes = scratch_buffer(ctx, "qsa.sparse_attention.routes", plan.routes_bytes);
+    let sb = b.sharded(prm.num_pages as usize, &partials, &routes);
+    for (_, d) in dispatch_attention(ctx, dt, &plan, &sb)? {
+        encode(ctx, enc, d).await?;
+    }
+    Ok(())
+}
+
+/// Records a call over a sharded pool into `enc`, with fresh bind groups, through the scratch
+/// buffers of `b` (rows are taken in chunks when they are smaller than the call needs).
+pub async fn encode_attention_sharded(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    prm: &SparseAttentionParams,
+    b: &ShardedAttentionBuffers<'_>,
+) -> Result<()> {
+    let cap = scratch_capacity(ctx);
+    let (pc, rc) = (b.partials.size().min(cap), b.routes.size().min(cap));
+    let plan = plan_attention(ctx, prm, b.shard_pages, pc, rc)?;
+    for (_, d) in dispatch_attention(ctx, dt, &plan, b)? {
+        encode(ctx, enc, d).await?;
+    }
+    Ok(())
+}
