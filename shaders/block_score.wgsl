@@ -381,9 +381,11 @@ fn row_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         let k3 = key_rows(n, b0 + 96u);
         let chunks = select(0u, chunks_per_row(), b0 < top);
         for (var g = 0u; g < P.hs; g++) {
-            var sum: array<vec4<f32>, 96>;
+            // Explicit zero initialisers: these are declared inside loops and must start from
+            // zero on every iteration (a browser compiler was seen to keep the last values).
+            var sum = array<vec4<f32>, 96>();
             for (var h = g * gsize; h < (g + 1u) * gsize; h++) {
-                var acc: array<vec4<f32>, 96>;
+                var acc = array<vec4<f32>, 96>();
                 let o0 = (x0.t * P.hi + h) * P.di;
                 let o1 = (x1.t * P.hi + h) * P.di;
                 let o2 = (x2.t * P.hi + h) * P.di;

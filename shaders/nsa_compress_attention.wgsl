@@ -186,14 +186,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         } else if (BY16 == 1u) {
             // f16 / bf16: eight channels per 16-byte load.
             for (var c = 0u; c < dc; c += 8u) {
-                var q0: mat4x4<f32>;
-                var q1: mat4x4<f32>;
-                var q2: mat4x4<f32>;
-                var q3: mat4x4<f32>;
-                var q4: mat4x4<f32>;
-                var q5: mat4x4<f32>;
-                var q6: mat4x4<f32>;
-                var q7: mat4x4<f32>;
+                var q0 = mat4x4<f32>();
+                var q1 = mat4x4<f32>();
+                var q2 = mat4x4<f32>();
+                var q3 = mat4x4<f32>();
+                var q4 = mat4x4<f32>();
+                var q5 = mat4x4<f32>();
+                var q6 = mat4x4<f32>();
+                var q7 = mat4x4<f32>();
                 if (T_KIND == 2u) {
                     q0 = q_bf16(c);
                     q1 = q_bf16(c + 1u);

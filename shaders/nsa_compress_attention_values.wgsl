@@ -168,7 +168,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if (part < nparts) {
                 let per = (TILE + nparts - 1u) / nparts;
                 for (var jj = part * per; jj < min(nt, part * per + per); jj++) {
-                    var p: mat4x4<f32>;
+                    var p = mat4x4<f32>();
                     if (T_KIND == 2u) {
                         let w0 = pb[2u * jj];
                         let w1 = pb[2u * jj + 1u];
@@ -177,10 +177,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                         p = pt[jj];
                     }
                     let vb = vrow[jj];
-                    var v0: vec4<f32>;
-                    var v1: vec4<f32>;
-                    var v2: vec4<f32>;
-                    var v3: vec4<f32>;
+                    var v0 = vec4<f32>();
+                    var v1 = vec4<f32>();
+                    var v2 = vec4<f32>();
+                    var v3 = vec4<f32>();
                     if (BY16 == 1u && T_KIND == 0u) {
                         let last = P.dv - 4u;
                         v0 = bitcast<vec4<f32>>(value4[(vb + min(cb, last)) / 4u]);

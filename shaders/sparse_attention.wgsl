@@ -82,8 +82,8 @@ fn ld_el(j: u32) -> f32 {
 // under VEC for 16-bit types, of 4 otherwise); channels >= e read as 0.
 fn ld_pair(i: u32, c: u32, e: u32) -> mat2x4<f32> {
     let j = i + c;
-    var a: vec4<f32>;
-    var b: vec4<f32>;
+    var a = vec4<f32>();
+    var b = vec4<f32>();
     if (VEC != 0u && T_KIND == 0u) {
         a = bitcast<vec4<f32>>(pool[j >> 2u]);
         b = bitcast<vec4<f32>>(pool[(j >> 2u) + 1u]);
@@ -103,7 +103,7 @@ fn ld_pair(i: u32, c: u32, e: u32) -> mat2x4<f32> {
 // The same for the query row starting at element i.
 fn ld_q(i: u32, c: u32, e: u32) -> vec4<f32> {
     let j = i + c;
-    var v: vec4<f32>;
+    var v = vec4<f32>();
     if (T_KIND != 0u && ALIGN2 != 0u) {
         let w0 = query[j >> 1u];
         let w1 = query[(j >> 1u) + 1u];

@@ -104,3 +104,27 @@ fn no_constant_expression_is_an_infinity_or_nan() {
         bad.join("\n")
     );
 }
+
+/// Every function-scope `var` has an initializer. WGSL zero-initialises `var x: T;` each time
+/// the declaration runs, but a browser compiler (Tint on SwiftShader) was seen to keep the
+/// values of such a variable from the previous iteration of the loop that declares it; naga
+/// and Mesa zeroed it. With an explicit initializer every compiler agrees.
+#[test]
+fn function_variables_have_initializers() {
+    let mut bad = Vec::new();
+    for (path, src) in shaders::FILES {
+        for (i, line) in src.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let t = code.trim_start();
+            let indented = code.len() > t.len();
+            if indented && t.starts_with("var ") && !t.starts_with("var<") && !t.contains('=') {
+                bad.push(format!("{path}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "function-scope vars without an initializer:\n{}",
+        bad.join("\n")
+    );
+}
