@@ -25,6 +25,26 @@ fn padded(bytes: usize) -> u64 {
 }
 
 impl GpuTensor {
+    /// A view of the first `shape` elements of this tensor's buffer (the buffer is shared).
+    pub fn view(&self, shape: &[usize]) -> GpuTensor {
+        GpuTensor {
+            buffer: self.buffer.clone(),
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// Queues a write of `bytes` (padded to whole words) at the start of the buffer; nothing
+    /// for an empty slice. The write lands before the next submission.
+    pub fn write(&self, ctx: &Context, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let mut v = bytes.to_vec();
+        v.resize(bytes.len().div_ceil(4) * 4, 0);
+        ctx.queue.write_buffer(&self.buffer, 0, &v);
+    }
+
     /// Logical size in bytes (without padding).
     pub fn bytes(&self) -> u64 {
         (self.shape.iter().product::<usize>() * self.dtype.size()) as u64

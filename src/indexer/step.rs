@@ -114,25 +114,6 @@ impl StepOutputs {
     }
 }
 
-/// A view of the first `shape` elements of `t`'s buffer.
-fn view(t: &GpuTensor, shape: &[usize]) -> GpuTensor {
-    GpuTensor {
-        buffer: t.buffer.clone(),
-        dtype: t.dtype,
-        shape: shape.to_vec(),
-    }
-}
-
-/// Queues a write of `bytes` (padded to whole words) at the start of `buf`.
-fn write(ctx: &Context, buf: &wgpu::Buffer, bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    let mut v = bytes.to_vec();
-    v.resize(bytes.len().div_ceil(4) * 4, 0);
-    ctx.queue.write_buffer(buf, 0, &v);
-}
-
 impl QsaIndexer {
     /// Records and submits one step. `new_tokens` holds one count per slot; the keys of those
     /// rows must already be appended. `index_query_raw` is `[T, Hi, Di]` over the new rows,
@@ -236,14 +217,14 @@ impl QsaIndexer {
             .unwrap_or(0);
         let b = &self.bufs;
         let lens: Vec<u32> = cache.iter().chain(counts.iter()).copied().collect();
-        write(&ctx, &b.table.buffer, &table.data);
-        write(&ctx, &b.lens.buffer, bytemuck::cast_slice(&lens));
-        write(&ctx, &b.offs.buffer, bytemuck::cast_slice(&offsets));
+        b.table.write(&ctx, &table.data);
+        b.lens.write(&ctx, bytemuck::cast_slice(&lens));
+        b.offs.write(&ctx, bytemuck::cast_slice(&offsets));
         if let Some(q) = index_query_raw {
-            write(&ctx, &b.pos.buffer, bytemuck::cast_slice(&positions));
-            write(&ctx, &b.q_raw.buffer, &q.data);
+            b.pos.write(&ctx, bytemuck::cast_slice(&positions));
+            b.q_raw.write(&ctx, &q.data);
         }
-        write(&ctx, &b.flags.buffer, &[0; 4]);
+        b.flags.write(&ctx, &[0; 4]);
 
         let mut enc = ctx
             .device
@@ -396,14 +377,14 @@ impl QsaIndexer {
         self.binds.record(&ctx, &mut enc, "expand", 0, d).await?;
 
         if let (Some(q), Some(kv)) = (attention_query, &self.kv) {
-            write(&ctx, &kv.query.buffer, &q.data);
+            kv.query.write(&ctx, &q.data);
             let pages: Vec<u32> = table
                 .data
                 .chunks_exact(4)
                 .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
                 .collect();
             let seqs = pack_seqs(&offsets, &cache, &pages);
-            write(&ctx, &kv.seqs.buffer, &seqs.data);
+            kv.seqs.write(&ctx, &seqs.data);
             let prm = attention_params(&AttentionGeometry {
                 t,
                 n,
@@ -448,7 +429,7 @@ impl QsaIndexer {
         ctx.submit(OP, enc).await?;
         let mut out = self.outputs(t);
         if let (Some(_), Some(kv)) = (attention_query, &self.kv) {
-            out.out = Some(view(&kv.out, &[t, kv.cfg.h, kv.cfg.e]));
+            out.out = Some(kv.out.view(&[t, kv.cfg.h, kv.cfg.e]));
         }
         Ok(out)
     }
@@ -479,13 +460,13 @@ impl QsaIndexer {
         let (b, c) = (&self.bufs, &self.cfg);
         StepOutputs {
             scores: (t > 0 && t <= b.chunk_rows)
-                .then(|| view(&b.scores, &[t, c.hs, self.max_blocks])),
-            block_indices: view(&b.block_indices, &[t, c.hs, c.k]),
-            block_count: view(&b.block_count, &[t, c.hs]),
-            token_indices: view(&b.token_indices, &[t, c.hs, c.route_width()]),
-            token_count: view(&b.token_count, &[t, c.hs]),
+                .then(|| b.scores.view(&[t, c.hs, self.max_blocks])),
+            block_indices: b.block_indices.view(&[t, c.hs, c.k]),
+            block_count: b.block_count.view(&[t, c.hs]),
+            token_indices: b.token_indices.view(&[t, c.hs, c.route_width()]),
+            token_count: b.token_count.view(&[t, c.hs]),
             out: None,
-            flags: view(&b.flags, &[1]),
+            flags: b.flags.view(&[1]),
         }
     }
 }

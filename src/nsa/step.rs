@@ -142,25 +142,6 @@ impl StepOutputs {
     }
 }
 
-/// A view of the first `shape` elements of `t`'s buffer.
-fn view(t: &GpuTensor, shape: &[usize]) -> GpuTensor {
-    GpuTensor {
-        buffer: t.buffer.clone(),
-        dtype: t.dtype,
-        shape: shape.to_vec(),
-    }
-}
-
-/// Queues a write of `bytes` (padded to whole words) at the start of `buf`.
-fn write(ctx: &Context, buf: &wgpu::Buffer, bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    let mut v = bytes.to_vec();
-    v.resize(bytes.len().div_ceil(4) * 4, 0);
-    ctx.queue.write_buffer(buf, 0, &v);
-}
-
 impl NsaSelector {
     /// Records and submits one step. `new_tokens` holds one count per slot (each 0 … 16); the
     /// K/V rows of those tokens must already be appended, and every new token is a query row
@@ -198,13 +179,10 @@ impl NsaSelector {
             &u32s(&plan.len),
             &plan.page_table,
         );
-        write(&ctx, &b.comp_seqs.buffer, bytemuck::cast_slice(&seqs));
-        write(
-            &ctx,
-            &b.cmp_table.buffer,
-            bytemuck::cast_slice(&plan.cmp_table),
-        );
-        write(&ctx, &b.flags.buffer, &[0; 4]);
+        b.comp_seqs.write(&ctx, bytemuck::cast_slice(&seqs));
+        b.cmp_table
+            .write(&ctx, bytemuck::cast_slice(&plan.cmp_table));
+        b.flags.write(&ctx, &[0; 4]);
         let mut enc = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -270,18 +248,15 @@ impl NsaSelector {
             rows.clone(),
         ]
         .concat();
-        write(&ctx, &b.lens.buffer, bytemuck::cast_slice(&lens));
-        write(&ctx, &b.query.buffer, &query.data);
-        write(
-            &ctx,
-            &b.positions.buffer,
-            bytemuck::cast_slice(&plan.positions),
-        );
+        b.lens.write(&ctx, bytemuck::cast_slice(&lens));
+        b.query.write(&ctx, &query.data);
+        b.positions
+            .write(&ctx, bytemuck::cast_slice(&plan.positions));
         let cached: Vec<u32> = (0..nb)
             .map(|i| (plan.len[i] - plan.new[i]) as u32)
             .collect();
         let table = pack_seqs(&rows, &cached, &plan.page_table);
-        write(&ctx, &b.attn_seqs.buffer, &table.data);
+        b.attn_seqs.write(&ctx, &table.data);
         let c_max = *plan.cmp.iter().max().unwrap();
         let prm = NsaCompressAttentionParams {
             rows: t as u32,
@@ -411,12 +386,12 @@ impl NsaSelector {
     fn outputs(&self, t: usize) -> StepOutputs {
         let (b, c) = (&self.bufs, &self.cfg);
         StepOutputs {
-            out: view(&b.out, &[t, c.n1, c.dv]),
-            cmp_out: view(&b.cmp_out, &[t, c.n1, c.dv]),
-            topk: view(&b.topk, &[t, c.n2, c.k]),
-            token_indices: view(&b.token_indices, &[t, c.n2, c.route_width()]),
-            token_count: view(&b.token_count, &[t, c.n2]),
-            flags: view(&b.flags, &[1]),
+            out: b.out.view(&[t, c.n1, c.dv]),
+            cmp_out: b.cmp_out.view(&[t, c.n1, c.dv]),
+            topk: b.topk.view(&[t, c.n2, c.k]),
+            token_indices: b.token_indices.view(&[t, c.n2, c.route_width()]),
+            token_count: b.token_count.view(&[t, c.n2]),
+            flags: b.flags.view(&[1]),
         }
     }
 }
