@@ -42,6 +42,48 @@ fn stats(v: &[f64]) -> (f64, f64) {
     (s[s.len() / 2], s[0])
 }
 
+/// Per-run walls and stage times.
+type Runs = (Vec<f64>, Vec<Vec<(&'static str, f64)>>);
+
+/// Times an operator recorded by `record` into a fresh encoder per run: one timestamped span
+/// `label` around it, two warm-up runs, then `runs` timed ones (submission to device idle).
+fn timed_runs(
+    ctx: &Context,
+    preset: &str,
+    label: &'static str,
+    runs: usize,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+) -> Result<Runs> {
+    let mut timer = Timer::new(ctx, 2);
+    let (mut walls, mut stages) = (Vec::new(), Vec::new());
+    for run in 0..WARMUP + runs {
+        progress(preset, run, runs);
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        if let Some(t) = &mut timer {
+            t.clear();
+            t.begin_span(&mut enc, label);
+        }
+        record(&mut enc)?;
+        if let Some(t) = &timer {
+            t.end_span(&mut enc);
+            t.resolve(&mut enc);
+        }
+        let t0 = Instant::now();
+        pollster::block_on(ctx.submit(preset, enc))?;
+        ctx.wait()?;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let st = match &timer {
+            Some(t) => pollster::block_on(t.read(ctx))?,
+            None => Vec::new(),
+        };
+        if run >= WARMUP {
+            walls.push(wall);
+            stages.push(st);
+        }
+    }
+    Ok((walls, stages))
+}
+
 /// Builds the measure from per-run walls and per-run stage times.
 fn finish(
     preset: &str,
@@ -232,11 +274,7 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
     let count = f("count", DType::I32, &[rows])?;
     let scratch = f("scratch", DType::F32, &[scratch_words(&prm) as usize])?;
     let flags = flag_word(ctx)?;
-    let mut timer = Timer::new(ctx, 2);
-    let (mut walls, mut stages) = (Vec::new(), Vec::new());
-    for run in 0..WARMUP + runs {
-        progress(preset, run, runs);
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let (walls, stages) = timed_runs(ctx, preset, "attention+topk", runs, |enc| {
         let b = NsaAttnBuffers {
             query: &gq.buffer,
             key: &gk.buffer,
@@ -251,29 +289,8 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
             scratch: &scratch.buffer,
             flags: &flags.buffer,
         };
-        // One timed span around the op's four dispatches.
-        if let Some(t) = &mut timer {
-            t.clear();
-            t.begin_span(&mut enc, "attention+topk");
-        }
-        pollster::block_on(encode_nsa_compress_attention(ctx, &mut enc, dt, &prm, &b))?;
-        if let Some(t) = &timer {
-            t.end_span(&mut enc);
-            t.resolve(&mut enc);
-        }
-        let t0 = Instant::now();
-        pollster::block_on(ctx.submit("nsa-decode", enc))?;
-        ctx.wait()?;
-        let wall = t0.elapsed().as_secs_f64() * 1e3;
-        let st = match &timer {
-            Some(t) => pollster::block_on(t.read(ctx))?,
-            None => Vec::new(),
-        };
-        if run >= WARMUP {
-            walls.push(wall);
-            stages.push(st);
-        }
-    }
+        pollster::block_on(encode_nsa_compress_attention(ctx, enc, dt, &prm, &b))
+    })?;
     let es = dt.size() as u64;
     let bytes = (c * n2 * (dqk + dv)) as u64 * es + (n1 * dqk) as u64 * es;
     let flops = 2 * (n1 * c * (dqk + dv)) as u64;
@@ -361,11 +378,7 @@ fn attention(
     let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
     let partials = scratch_buffer(ctx, "qsa.bench.partials", plan.partials_bytes);
     let routes = scratch_buffer(ctx, "qsa.bench.routes", plan.routes_bytes);
-    let mut timer = Timer::new(ctx, 2);
-    let (mut walls, mut stages) = (Vec::new(), Vec::new());
-    for run in 0..WARMUP + runs {
-        progress(preset, run, runs);
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let (walls, stages) = timed_runs(ctx, preset, "attention", runs, |enc| {
         let b = ShardedAttentionBuffers {
             query: &q.buffer,
             pool: shards.iter().map(|s| &s.buffer).collect(),
@@ -379,28 +392,8 @@ fn attention(
             partials: &partials,
             routes: &routes,
         };
-        if let Some(t) = &mut timer {
-            t.clear();
-            t.begin_span(&mut enc, "attention");
-        }
-        pollster::block_on(encode_attention_sharded(ctx, &mut enc, dt, &prm, &b))?;
-        if let Some(t) = &timer {
-            t.end_span(&mut enc);
-            t.resolve(&mut enc);
-        }
-        let t0 = Instant::now();
-        pollster::block_on(ctx.submit("attention", enc))?;
-        ctx.wait()?;
-        let wall = t0.elapsed().as_secs_f64() * 1e3;
-        let st = match &timer {
-            Some(t) => pollster::block_on(t.read(ctx))?,
-            None => Vec::new(),
-        };
-        if run >= WARMUP {
-            walls.push(wall);
-            stages.push(st);
-        }
-    }
+        pollster::block_on(encode_attention_sharded(ctx, enc, dt, &prm, &b))
+    })?;
     // The device's flags (bad pages, tokens, counts) turn into an error here.
     pollster::block_on(read_checked(ctx, "sparse_attention", &[&out], &flags))?;
     let bytes = (count * 2 * hkv * e * dt.size() + h * e * dt.size()) as u64;
