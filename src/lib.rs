@@ -1,6 +1,6 @@
 //! qsa-wgpu: the sparse-attention indexers of long-context models (QSA, DSA, NSA) as portable
-//! WGSL compute shaders driven through wgpu, each with a CPU reference. The operator contract
-//! is in `docs/contract.md`; `README.md` says how to run and test.
+//! WGSL compute shaders driven through wgpu, each with a CPU reference. `docs/operators.md`
+//! holds the choices made per operator, `README.md` says how to run and test.
 
 pub mod case;
 pub mod error;
