@@ -15,8 +15,8 @@ use crate::ops::expand_route::{dispatch_expand, ExpandBuffers, ExpandRouteParams
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
 use crate::ops::sparse_attention::{
-    dispatch_attention, pack_seqs, params as attention_params, plan_attention, AttentionGeometry,
-    ShardedAttentionBuffers, COMBINE, ROUTE,
+    pack_seqs, params as attention_params, plan_attention, record_attention, AttentionGeometry,
+    ShardedAttentionBuffers,
 };
 use crate::ops::TensorMap;
 use crate::tensor::{DType, Tensor};
@@ -412,16 +412,16 @@ impl QsaIndexer {
                 partials: &kv.partials,
                 routes: &kv.routes,
             };
-            for (step, d) in dispatch_attention(&ctx, c.dtype, &plan, &ab)? {
-                let stage = match step.shader {
-                    ROUTE => "attention_route",
-                    COMBINE => "attention_combine",
-                    _ => "attention",
-                };
-                self.binds
-                    .record(&ctx, &mut enc, stage, step.slot, d)
-                    .await?;
-            }
+            record_attention(
+                &mut self.binds,
+                &ctx,
+                &mut enc,
+                c.dtype,
+                &plan,
+                &ab,
+                ["attention_route", "attention", "attention_combine"],
+            )
+            .await?;
         }
         if let Some(timer) = &self.binds.timer {
             timer.resolve(&mut enc);

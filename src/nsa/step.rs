@@ -16,8 +16,7 @@ use crate::ops::nsa_compress_attention::{
     NsaCompressAttentionParams,
 };
 use crate::ops::sparse_attention::{
-    dispatch_attention, pack_seqs, params_kv, plan_attention, scratch_buffer,
-    ShardedAttentionBuffers, COMBINE, ROUTE,
+    pack_seqs, params_kv, plan_attention, record_attention, scratch_buffer, ShardedAttentionBuffers,
 };
 use crate::ops::TensorMap;
 use crate::paged::PoolLayout;
@@ -339,16 +338,16 @@ impl NsaSelector {
             partials: &b.partials,
             routes: &b.routes,
         };
-        for (step, d) in dispatch_attention(&ctx, c.dtype, &plan, &ab)? {
-            let stage = match step.shader {
-                ROUTE => "selected_route",
-                COMBINE => "selected_combine",
-                _ => "selected_attention",
-            };
-            self.binds
-                .record(&ctx, &mut enc, stage, step.slot, d)
-                .await?;
-        }
+        record_attention(
+            &mut self.binds,
+            &ctx,
+            &mut enc,
+            c.dtype,
+            &plan,
+            &ab,
+            ["selected_route", "selected_attention", "selected_combine"],
+        )
+        .await?;
         if let Some(timer) = &self.binds.timer {
             timer.resolve(&mut enc);
         }

@@ -408,3 +408,25 @@ pub async fn encode_attention_sharded(
     }
     Ok(())
 }
+
+/// Records every dispatch of `plan` through an orchestrator's bind cache, under the stage
+/// names `names` = [route, partial pass, combine] (each shard's partial pass is its own slot).
+pub async fn record_attention(
+    binds: &mut crate::ops::common::BindCache,
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    plan: &AttentionPlan,
+    b: &ShardedAttentionBuffers<'_>,
+    names: [&'static str; 3],
+) -> Result<()> {
+    for (step, d) in dispatch_attention(ctx, dt, plan, b)? {
+        let stage = match step.shader {
+            ROUTE => names[0],
+            COMBINE => names[2],
+            _ => names[1],
+        };
+        binds.record(ctx, enc, stage, step.slot, d).await?;
+    }
+    Ok(())
+}
