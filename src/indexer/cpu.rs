@@ -87,31 +87,9 @@ impl QsaIndexer {
             ));
         }
         self.check_kv_complete()?;
-        let (offsets, cache, _, table) = self.step_tensors(new_tokens)?;
         let mut sel = self.step_cpu(new_tokens, index_query_raw)?;
-        let kv = self.kv.as_ref().unwrap();
-        let n = cache.len();
-        let mut m = TensorMap::new();
-        m.insert("query".into(), query.clone());
-        m.insert("kv_blocks".into(), kv.tensor());
-        m.insert("page_table".into(), table);
-        m.insert("row_offsets".into(), Tensor::from_u32(&[n + 1], &offsets));
-        m.insert("cache_lengths".into(), Tensor::from_u32(&[n], &cache));
-        m.insert("token_indices".into(), sel["token_indices"].clone());
-        m.insert("token_count".into(), sel["token_count"].clone());
-        if let Some(s) = &kv.cfg.sinks {
-            m.insert(
-                "sinks".into(),
-                Tensor::from_f32(crate::DType::F32, &[s.len()], s),
-            );
-        }
-        let mut a = AttrMap::new();
-        if let Some(s) = kv.cfg.scale {
-            a.insert("scale".into(), s.into());
-        }
-        let out = ops::run_cpu("sparse_attention", &m, &a)?
-            .remove("out")
-            .unwrap();
+        let rows: Vec<usize> = (0..sel["token_count"].shape[0]).collect();
+        let out = self.attention_cpu(new_tokens, &sel, query, &rows)?;
         sel.insert("out".into(), out);
         Ok(sel)
     }

@@ -231,9 +231,7 @@ impl QsaIndexer {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("qsa.indexer.step"),
             });
-        if let Some(timer) = &mut self.binds.timer {
-            timer.clear();
-        }
+        self.binds.begin();
         // The device pool holds K rows only: pages of page_size · Di elements.
         let page_stride = c.page_size * c.di;
         for (shard, pool) in self.pool_gpu.iter().enumerate() {
@@ -274,10 +272,7 @@ impl QsaIndexer {
                 .await?;
         }
         if index_query_raw.is_none() {
-            if let Some(timer) = &self.binds.timer {
-                timer.resolve(&mut enc);
-            }
-            ctx.submit(OP, enc).await?;
+            self.binds.submit(&ctx, OP, enc).await?;
             return Ok(self.outputs(0));
         }
 
@@ -423,10 +418,7 @@ impl QsaIndexer {
             )
             .await?;
         }
-        if let Some(timer) = &self.binds.timer {
-            timer.resolve(&mut enc);
-        }
-        ctx.submit(OP, enc).await?;
+        self.binds.submit(&ctx, OP, enc).await?;
         let mut out = self.outputs(t);
         if let (Some(_), Some(kv)) = (attention_query, &self.kv) {
             out.out = Some(kv.out.view(&[t, kv.cfg.h, kv.cfg.e]));
@@ -437,22 +429,14 @@ impl QsaIndexer {
     /// Turns GPU timing of the stages on or off; returns whether the adapter can time them
     /// (it needs timestamp queries).
     pub fn set_timing(&mut self, on: bool) -> bool {
-        self.binds.timer = if on {
-            crate::gpu::Timer::new(&self.ctx, 256)
-        } else {
-            None
-        };
-        self.binds.timer.is_some()
+        self.binds.set_timing(&self.ctx, on, 256)
     }
 
     /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk`, `expand`, and
     /// `attention_route` / `attention` / `attention_combine` after a step with attention; chunks and shards summed)
     /// of the last step, when timing is on.
     pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {
-        match &self.binds.timer {
-            Some(t) => Ok(Some(t.read(&self.ctx).await?)),
-            None => Ok(None),
-        }
+        self.binds.stage_times(&self.ctx).await
     }
 
     /// Views of the output buffers over `t` rows.

@@ -187,9 +187,7 @@ impl NsaSelector {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("qsa.nsa.step"),
             });
-        if let Some(timer) = &mut self.binds.timer {
-            timer.clear();
-        }
+        self.binds.begin();
 
         // 1. The completed windows, K then V, into the compressed caches.
         let layout = self.pool.layout;
@@ -230,10 +228,7 @@ impl NsaSelector {
             self.binds.record(&ctx, &mut enc, stage, 0, d).await?;
         }
         let Some(query) = query else {
-            if let Some(timer) = &self.binds.timer {
-                timer.resolve(&mut enc);
-            }
-            ctx.submit(OP, enc).await?;
+            self.binds.submit(&ctx, OP, enc).await?;
             return Ok(self.outputs(0));
         };
 
@@ -348,29 +343,18 @@ impl NsaSelector {
             ["selected_route", "selected_attention", "selected_combine"],
         )
         .await?;
-        if let Some(timer) = &self.binds.timer {
-            timer.resolve(&mut enc);
-        }
-        ctx.submit(OP, enc).await?;
+        self.binds.submit(&ctx, OP, enc).await?;
         Ok(self.outputs(t))
     }
 
     /// Turns GPU timing of the stages on or off; returns whether the adapter can time them.
     pub fn set_timing(&mut self, on: bool) -> bool {
-        self.binds.timer = if on {
-            crate::gpu::Timer::new(&self.ctx, 64)
-        } else {
-            None
-        };
-        self.binds.timer.is_some()
+        self.binds.set_timing(&self.ctx, on, 64)
     }
 
     /// GPU milliseconds per stage of the last step, when timing is on.
     pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {
-        match &self.binds.timer {
-            Some(t) => Ok(Some(t.read(&self.ctx).await?)),
-            None => Ok(None),
-        }
+        self.binds.stage_times(&self.ctx).await
     }
 
     /// The compressed caches as the device holds them (`[cmp_blocks, P, N2·Dqk]`,

@@ -318,9 +318,15 @@ impl Bound {
         groups: u32,
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) {
-        let mut bytes = params.to_vec();
-        bytes.resize(self.uniform.size() as usize, 0);
-        ctx.queue.write_buffer(&self.uniform, 0, &bytes);
+        // Params structs are whole 32-bit words, as write_buffer wants; anything else is
+        // padded (the uniform buffer is at least as large, rounded up to 16 bytes).
+        if params.len().is_multiple_of(4) {
+            ctx.queue.write_buffer(&self.uniform, 0, params);
+        } else {
+            let mut bytes = params.to_vec();
+            bytes.resize(params.len().div_ceil(4) * 4, 0);
+            ctx.queue.write_buffer(&self.uniform, 0, &bytes);
+        }
         let (x, y) = ctx.grid(groups);
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(&self.label),
@@ -343,17 +349,32 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
 }
 
 /// (stage, slot, pipeline, buffers) of a [`BindCache`] entry.
-type BindKey = (&'static str, usize, PipelineKey, Vec<wgpu::Buffer>);
+/// What one (stage, slot) of a [`BindCache`] holds: the bind group and what it was built for.
+struct Entry {
+    key: PipelineKey,
+    buffers: Vec<wgpu::Buffer>,
+    bound: Bound,
+}
+
+impl Entry {
+    /// Whether this entry was built for `d`'s pipeline and buffers.
+    fn serves(&self, d: &Dispatch<'_>) -> bool {
+        self.key == d.key
+            && self.buffers.len() == d.buffers.len()
+            && self.buffers.iter().zip(&d.buffers).all(|(a, b)| a == *b)
+    }
+}
 
 /// Bind groups kept across submissions, for a caller (the orchestrators) that records the same
-/// stages over the same buffers step after step. An entry is keyed by the stage's slot, its
-/// pipeline and its buffers, so new buffers get a new bind group and never a stale one.
+/// stages over the same buffers step after step. Each (stage, slot) holds one bind group,
+/// rebuilt when the pipeline or the buffers differ from those it was built for, so it is never
+/// stale; checking that allocates nothing. The cache also owns the optional stage timer.
 #[derive(Default)]
 pub struct BindCache {
-    map: std::collections::HashMap<BindKey, Bound>,
+    map: std::collections::HashMap<(&'static str, usize), Entry>,
     created: usize,
     /// When set, every recorded pass writes timestamps labelled by its stage.
-    pub timer: Option<crate::gpu::Timer>,
+    timer: Option<crate::gpu::Timer>,
 }
 
 impl BindCache {
@@ -361,6 +382,45 @@ impl BindCache {
     /// built, so a count that stays put also means no pipeline was built for this cache.
     pub fn created(&self) -> usize {
         self.created
+    }
+
+    /// Turns stage timing on (up to `passes` passes per submission) or off; returns whether
+    /// the adapter can time them (it needs timestamp queries).
+    pub fn set_timing(&mut self, ctx: &Context, on: bool, passes: u32) -> bool {
+        self.timer = if on {
+            crate::gpu::Timer::new(ctx, passes)
+        } else {
+            None
+        };
+        self.timer.is_some()
+    }
+
+    /// GPU milliseconds per stage of the last submission, when timing is on.
+    pub async fn stage_times(&self, ctx: &Context) -> Result<Option<Vec<(&'static str, f64)>>> {
+        match &self.timer {
+            Some(t) => Ok(Some(t.read(ctx).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts a submission's recording: forgets the previous one's timed passes.
+    pub fn begin(&mut self) {
+        if let Some(t) = &mut self.timer {
+            t.clear();
+        }
+    }
+
+    /// Resolves the timed passes into `enc` and submits it.
+    pub async fn submit(
+        &self,
+        ctx: &Context,
+        label: &str,
+        mut enc: wgpu::CommandEncoder,
+    ) -> Result<()> {
+        if let Some(t) = &self.timer {
+            t.resolve(&mut enc);
+        }
+        ctx.submit(label, enc).await
     }
 
     /// Records `d` as slot `slot` of `stage`; each (stage, slot) may be recorded once per
@@ -373,9 +433,11 @@ impl BindCache {
         slot: usize,
         d: Dispatch<'_>,
     ) -> Result<()> {
-        let key = self.bind(ctx, stage, slot, &d).await?;
+        self.bind(ctx, stage, slot, &d).await?;
         let ts = self.timer.as_mut().and_then(|t| t.writes(stage));
-        self.map[&key].record(ctx, enc, d.params, d.groups, ts);
+        self.map[&(stage, slot)]
+            .bound
+            .record(ctx, enc, d.params, d.groups, ts);
         Ok(())
     }
 
@@ -389,27 +451,28 @@ impl BindCache {
         slot: usize,
         d: &Dispatch<'_>,
     ) -> Result<()> {
-        self.bind(ctx, stage, slot, d).await.map(|_| ())
+        self.bind(ctx, stage, slot, d).await
     }
 
-    /// The key of the bind group of `d` as slot `slot` of `stage`, built if it is not there.
+    /// Makes sure slot `slot` of `stage` holds a bind group for `d`.
     async fn bind(
         &mut self,
         ctx: &Context,
         stage: &'static str,
         slot: usize,
         d: &Dispatch<'_>,
-    ) -> Result<BindKey> {
-        let bufs: Vec<wgpu::Buffer> = d.buffers.iter().map(|b| (*b).clone()).collect();
-        let key = (stage, slot, d.key.clone(), bufs);
-        if !self.map.contains_key(&key) {
-            // Whatever this slot held before is over other buffers now: let it go.
-            self.map.retain(|k, _| !(k.0 == stage && k.1 == slot));
-            let b = Bound::new(ctx, d).await?;
-            self.map.insert(key.clone(), b);
-            self.created += 1;
+    ) -> Result<()> {
+        if self.map.get(&(stage, slot)).is_some_and(|e| e.serves(d)) {
+            return Ok(());
         }
-        Ok(key)
+        let entry = Entry {
+            key: d.key.clone(),
+            buffers: d.buffers.iter().map(|b| (*b).clone()).collect(),
+            bound: Bound::new(ctx, d).await?,
+        };
+        self.map.insert((stage, slot), entry);
+        self.created += 1;
+        Ok(())
     }
 }
 
