@@ -37,10 +37,7 @@ impl BlockScoreAttrs {
                 format!("must be >= 1, got {hs}"),
             ));
         }
-        let scale = match a.get("scale") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(_) => Some(attr_f32(OP, a, "scale", 0.0)?),
-        };
+        let scale = attr_opt_f32(OP, a, "scale")?;
         Ok(BlockScoreAttrs {
             ratio: ratio as usize,
             num_selection_heads: hs as usize,

@@ -147,15 +147,25 @@ pub fn attr_epsilon(op: &'static str, a: &AttrMap) -> Result<f32> {
 
 /// An optional non-negative integer attribute (`None` when absent).
 pub fn attr_opt_usize(op: &'static str, a: &AttrMap, name: &str) -> Result<Option<usize>> {
+    match attr_opt_int(op, a, name)? {
+        Some(v) if v < 0 => Err(Error::attr(op, name, format!("must be >= 0, got {v}"))),
+        v => Ok(v.map(|v| v as usize)),
+    }
+}
+
+/// An optional integer attribute: `None` when absent or null.
+pub fn attr_opt_int(op: &'static str, a: &AttrMap, name: &str) -> Result<Option<i64>> {
     match a.get(name) {
         None | Some(serde_json::Value::Null) => Ok(None),
-        Some(_) => {
-            let v = attr_int(op, a, name, None)?;
-            if v < 0 {
-                return Err(Error::attr(op, name, format!("must be >= 0, got {v}")));
-            }
-            Ok(Some(v as usize))
-        }
+        Some(_) => attr_int(op, a, name, None).map(Some),
+    }
+}
+
+/// An optional float attribute: `None` when absent or null.
+pub fn attr_opt_f32(op: &'static str, a: &AttrMap, name: &str) -> Result<Option<f32>> {
+    match a.get(name) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(_) => attr_f32(op, a, name, 0.0).map(Some),
     }
 }
 

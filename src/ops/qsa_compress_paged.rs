@@ -52,10 +52,7 @@ impl QsaCompressAttrs {
                 format!("must be >= 0, got {layer}"),
             ));
         }
-        let page_stride = match a.get("page_stride") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(_) => Some(attr_int(OP, a, "page_stride", None)?),
-        };
+        let page_stride = attr_opt_int(OP, a, "page_stride")?;
         let mode = match attr_str(OP, a, "mode", "incremental")?.as_str() {
             "incremental" => CompressMode::Incremental,
             "full" => CompressMode::Full,

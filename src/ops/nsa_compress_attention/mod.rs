@@ -102,10 +102,7 @@ impl NsaCompressAttentionAttrs {
                 format!("{k} exceeds {}", super::block_topk::MAX_K),
             ));
         }
-        let scale = match a.get("scale") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(_) => Some(attr_f32(OP, a, "scale", 0.0)?),
-        };
+        let scale = attr_opt_f32(OP, a, "scale")?;
         let layout = match attr_str(OP, a, "layout", "TND")?.as_str() {
             "TND" => Layout::Tnd,
             "BSND" => Layout::Bsnd,

@@ -39,10 +39,7 @@ pub struct SparseAttentionAttrs {
 
 impl SparseAttentionAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
-        let scale = match a.get("scale") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(_) => Some(attr_f32(OP, a, "scale", 0.0)?),
-        };
+        let scale = attr_opt_f32(OP, a, "scale")?;
         let layer = attr_int(OP, a, "layer_idx", Some(0))?;
         if layer < 0 {
             return Err(Error::attr(
@@ -51,10 +48,7 @@ impl SparseAttentionAttrs {
                 format!("must be >= 0, got {layer}"),
             ));
         }
-        let page_stride = match a.get("page_stride") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(_) => Some(attr_int(OP, a, "page_stride", None)?),
-        };
+        let page_stride = attr_opt_int(OP, a, "page_stride")?;
         let v_head_dim = match attr_opt_usize(OP, a, "v_head_dim")? {
             Some(0) => return Err(Error::attr(OP, "v_head_dim", "must be >= 1, got 0")),
             v => v,
