@@ -48,7 +48,6 @@ pub struct CachedPipeline {
 pub struct PipelineCache {
     map: Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>,
     created: AtomicUsize,
-    bind_groups: AtomicUsize,
     /// Who compiles the shaders given to the device.
     target: ShaderTarget,
 }
@@ -97,15 +96,6 @@ impl PipelineCache {
     /// Number of pipelines built so far.
     pub fn created(&self) -> usize {
         self.created.load(Ordering::Relaxed)
-    }
-
-    /// Number of bind groups built so far (by `ops::common::Bound`).
-    pub fn bind_groups_created(&self) -> usize {
-        self.bind_groups.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn note_bind_group(&self) {
-        self.bind_groups.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Returns the cached pipeline for `key`, building it on first use.

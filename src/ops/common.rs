@@ -309,7 +309,6 @@ impl Bound {
             layout: &cp.layout,
             entries: &entries,
         });
-        ctx.cache.note_bind_group();
         Ok(Bound {
             pipeline: cp,
             group,
