@@ -80,13 +80,22 @@ impl GpuTensor {
     ) -> Result<GpuTensor> {
         let n: usize = shape.iter().product::<usize>() * dtype.size();
         ctx.check_binding_size("alloc", label, n as u64)?;
-        let buffer = ctx
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        // wgpu zero-initialises new buffers: only another fill needs a host image.
+        let buffer = if fill == 0 {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
-                contents: &vec![fill; padded(n) as usize],
+                size: padded(n),
                 usage: USAGE,
-            });
+                mapped_at_creation: false,
+            })
+        } else {
+            ctx.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(label),
+                    contents: &vec![fill; padded(n) as usize],
+                    usage: USAGE,
+                })
+        };
         Ok(GpuTensor {
             buffer,
             dtype,
