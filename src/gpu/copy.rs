@@ -1,5 +1,6 @@
-//! The adapter's copy bandwidth, measured with `shaders/bench_copy.wgsl`: the memory roofline
-//! `qsa bench` reports every preset against.
+//! The adapter's own rooflines, measured with `shaders/bench_copy.wgsl`, which `qsa bench`
+//! reports every preset against: copy bandwidth (read + write), read bandwidth, and f32
+//! multiply-add throughput.
 
 use super::{Context, Timer};
 use crate::error::Result;
@@ -17,10 +18,27 @@ pub struct BenchCopyParams {
     pub _pad1: u32,
 }
 
-/// Copies `bytes` (rounded down to 16) from one buffer to another `runs` times after a
-/// warm-up; returns the best bandwidth in GB/s, counting bytes read plus bytes written, and
-/// whether it was timed by timestamps (else by wall clock around submit + wait).
-pub async fn copy_bandwidth(ctx: &Context, bytes: u64, runs: usize) -> Result<(f64, bool)> {
+/// The three rooflines of one adapter.
+#[derive(Clone, Copy, Debug)]
+pub struct Roofline {
+    /// Copy bandwidth, GB/s, counting bytes read plus bytes written.
+    pub copy_gbs: f64,
+    /// Read bandwidth, GB/s (a grid-stride sum of 16-byte words).
+    pub read_gbs: f64,
+    /// f32 multiply-add throughput, GFLOP/s (two FLOPs per multiply-add).
+    pub fma_gflops: f64,
+    /// Timed by timestamp queries (else by the wall clock around submit + wait).
+    pub timestamps: bool,
+}
+
+/// Iterations per invocation of the `arith` probe (llvmpipe ends a loop after 65535).
+const FMA_ITERS: u32 = 4096;
+/// Workgroups of 256 invocations of the `arith` probe.
+const FMA_GROUPS: u32 = 64;
+
+/// Measures the three rooflines over `bytes` (rounded down to 16, at most one binding), each
+/// the best of `runs` after a warm-up.
+pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline> {
     let bytes = (bytes.min(ctx.limits.max_storage_buffer_binding_size) / 16).max(1) * 16;
     let make = |label: &str| {
         ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -33,15 +51,43 @@ pub async fn copy_bandwidth(ctx: &Context, bytes: u64, runs: usize) -> Result<(f
     let (src, dst) = (make("qsa.bench.src"), make("qsa.bench.dst"));
     let words = (bytes / 16) as u32;
     let groups = words.div_ceil(256).min(4096);
-    let prm = BenchCopyParams {
+    let walk = BenchCopyParams {
         words,
         stride: groups * 256,
         ..Default::default()
     };
+    let (copy_ms, ts) = best_ms(ctx, "main", &walk, groups, &src, &dst, runs).await?;
+    // The same grid as the copy: on llvmpipe fewer, longer invocations read 3x slower (each
+    // SIMD vector then walks the whole buffer at a stride of megabytes).
+    let (read_ms, _) = best_ms(ctx, "load_sum", &walk, groups, &src, &dst, runs).await?;
+    let arith = BenchCopyParams {
+        words: FMA_ITERS,
+        ..Default::default()
+    };
+    let (fma_ms, _) = best_ms(ctx, "arith", &arith, FMA_GROUPS, &src, &dst, runs).await?;
+    let flops = FMA_GROUPS as f64 * 256.0 * FMA_ITERS as f64 * 128.0;
+    Ok(Roofline {
+        copy_gbs: 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9,
+        read_gbs: bytes as f64 / (read_ms * 1e-3) / 1e9,
+        fma_gflops: flops / (fma_ms * 1e-3) / 1e9,
+        timestamps: ts,
+    })
+}
+
+/// Best milliseconds of `runs` dispatches of entry point `entry` after a warm-up.
+async fn best_ms(
+    ctx: &Context,
+    entry: &'static str,
+    prm: &BenchCopyParams,
+    groups: u32,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    runs: usize,
+) -> Result<(f64, bool)> {
     let d = Dispatch {
-        key: PipelineKey::new("bench_copy", "main"),
-        params: bytemuck::bytes_of(&prm),
-        buffers: vec![&src, &dst],
+        key: PipelineKey::new("bench_copy", entry),
+        params: bytemuck::bytes_of(prm),
+        buffers: vec![src, dst],
         groups,
     };
     let bound = Bound::new(ctx, &d).await?;
@@ -52,7 +98,7 @@ pub async fn copy_bandwidth(ctx: &Context, bytes: u64, runs: usize) -> Result<(f
         if let Some(t) = &mut timer {
             t.clear();
         }
-        let ts = timer.as_mut().and_then(|t| t.writes("copy"));
+        let ts = timer.as_mut().and_then(|t| t.writes(entry));
         bound.record(ctx, &mut enc, d.params, d.groups, ts);
         if let Some(t) = &timer {
             t.resolve(&mut enc);
@@ -69,5 +115,5 @@ pub async fn copy_bandwidth(ctx: &Context, bytes: u64, runs: usize) -> Result<(f
             best = best.min(ms);
         }
     }
-    Ok((2.0 * bytes as f64 / (best * 1e-3) / 1e9, timer.is_some()))
+    Ok((best, timer.is_some()))
 }

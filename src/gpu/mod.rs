@@ -8,7 +8,7 @@ mod timer;
 
 pub use buffers::{GpuTensor, Readback};
 pub use cache::{CachedPipeline, PipelineCache, PipelineKey};
-pub use copy::{copy_bandwidth, BenchCopyParams};
+pub use copy::{roofline, BenchCopyParams, Roofline};
 pub use timer::Timer;
 
 use crate::error::{Error, Result};

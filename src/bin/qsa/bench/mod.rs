@@ -2,14 +2,16 @@
 //! sizes, each in f32 and bf16, timed on the GPU. For every preset and stage: GPU time from
 //! timestamp queries when the adapter has them, wall time per step (submission to results
 //! ready on the device; median and min of N runs after two warm-ups), bytes the step must read
-//! and FLOPs, achieved GB/s and GFLOP/s, and the share of the adapter's own copy bandwidth
-//! (measured in the same run). A table on stdout, `--json` for machines, `--svg` for a chart.
+//! and FLOPs, achieved GB/s and GFLOP/s, the share of the adapter's own copy bandwidth, and
+//! the step's floor on this adapter: its bytes at the adapter's read bandwidth or its FLOPs at
+//! its multiply-add throughput, whichever is longer (all three rooflines measured in the same
+//! run). A table on stdout, `--json` for machines, `--svg` for a chart.
 //! `--peer` runs the PyTorch peer in the same run and reports our time over its median.
 
 mod presets;
 mod report;
 
-use qsa_wgpu::gpu::{copy_bandwidth, Context, ContextOptions};
+use qsa_wgpu::gpu::{roofline, Context, ContextOptions, Roofline};
 use qsa_wgpu::{DType, Error, Result};
 
 /// The presets, in the peer's order.
@@ -72,6 +74,9 @@ pub struct Measure {
     pub gflops: f64,
     /// `gbs` as a share of the copy bandwidth, in percent.
     pub copy_pct: f64,
+    /// The step's floor on this adapter, ms: bytes at the read bandwidth or FLOPs at the
+    /// multiply-add throughput, whichever is longer.
+    pub floor_ms: f64,
     pub peer_median_ms: Option<f64>,
     /// wall_median_ms / peer_median_ms.
     pub ratio: Option<f64>,
@@ -124,10 +129,13 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         }
         None => None,
     };
-    let (copy_gbs, copy_ts) = pollster::block_on(copy_bandwidth(&ctx, 128 << 20, 5))?;
+    let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;
     eprintln!(
-        "copy bandwidth: {copy_gbs:.2} GB/s (read + write, {})",
-        if copy_ts { "timestamps" } else { "wall clock" }
+        "rooflines ({}): copy {:.2} GB/s (read + write), read {:.2} GB/s, f32 multiply-add {:.1} GFLOP/s",
+        if roof.timestamps { "timestamps" } else { "wall clock" },
+        roof.copy_gbs,
+        roof.read_gbs,
+        roof.fma_gflops
     );
     let mut all = Vec::new();
     let total = presets.len() * dtypes.len();
@@ -141,7 +149,10 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             let secs = m.gpu_ms.unwrap_or(m.wall_median_ms) * 1e-3;
             m.gbs = m.bytes as f64 / secs / 1e9;
             m.gflops = m.flops as f64 / secs / 1e9;
-            m.copy_pct = 100.0 * m.gbs / copy_gbs;
+            m.copy_pct = 100.0 * m.gbs / roof.copy_gbs;
+            m.floor_ms = 1e3
+                * (m.bytes as f64 / (roof.read_gbs * 1e9))
+                    .max(m.flops as f64 / (roof.fma_gflops * 1e9));
             if let Some(pm) = peer.as_ref().and_then(|pr| pr.get(p.as_str())) {
                 m.peer_median_ms = Some(*pm);
                 m.ratio = Some(m.wall_median_ms / pm);
@@ -161,9 +172,9 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         }
     }
     if args.json {
-        report::json(&ctx, copy_gbs, &all)?;
+        report::json(&ctx, &roof, &all)?;
     } else {
-        report::table(&ctx, copy_gbs, &all);
+        report::table(&ctx, &roof, &all);
     }
     if let Some(path) = &args.svg {
         report::svg(path, &ctx, &all)?;

@@ -120,6 +120,7 @@ fn finish(
         gbs: 0.0,
         gflops: 0.0,
         copy_pct: 0.0,
+        floor_ms: 0.0,
         peer_median_ms: None,
         ratio: None,
         note: None,

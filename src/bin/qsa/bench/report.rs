@@ -1,7 +1,7 @@
 //! What `qsa bench` prints: the table, the JSON object, the SVG chart, and the peer's run.
 
 use super::Measure;
-use qsa_wgpu::gpu::Context;
+use qsa_wgpu::gpu::{Context, Roofline};
 use qsa_wgpu::{Error, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -48,11 +48,14 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// The table on stdout: one line per preset and type, then its stages.
-pub fn table(ctx: &Context, copy_gbs: f64, all: &[Measure]) {
+pub fn table(ctx: &Context, roof: &Roofline, all: &[Measure]) {
     println!("adapter: {}", ctx.describe());
-    println!("copy bandwidth (read + write): {copy_gbs:.2} GB/s");
     println!(
-        "{:<27} {:<5} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9} {:>6} {:>10} {:>7}",
+        "rooflines: copy {:.2} GB/s (read + write), read {:.2} GB/s, f32 multiply-add {:.1} GFLOP/s",
+        roof.copy_gbs, roof.read_gbs, roof.fma_gflops
+    );
+    println!(
+        "{:<27} {:<5} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9} {:>6} {:>9} {:>10} {:>7}",
         "preset",
         "type",
         "gpu ms",
@@ -62,6 +65,7 @@ pub fn table(ctx: &Context, copy_gbs: f64, all: &[Measure]) {
         "GB/s",
         "GFLOP/s",
         "%copy",
+        "floor ms",
         "peer ms",
         "ratio"
     );
@@ -71,7 +75,7 @@ pub fn table(ctx: &Context, copy_gbs: f64, all: &[Measure]) {
             continue;
         }
         println!(
-            "{:<27} {:<5} {:>10} {:>10.3} {:>10.3} {:>9.2} {:>8.2} {:>9.2} {:>6.1} {:>10} {:>7}",
+            "{:<27} {:<5} {:>10} {:>10.3} {:>10.3} {:>9.2} {:>8.2} {:>9.2} {:>6.1} {:>9.3} {:>10} {:>7}",
             m.preset,
             m.dtype,
             opt(m.gpu_ms, 3),
@@ -81,6 +85,7 @@ pub fn table(ctx: &Context, copy_gbs: f64, all: &[Measure]) {
             m.gbs,
             m.gflops,
             m.copy_pct,
+            m.floor_ms,
             opt(m.peer_median_ms, 3),
             opt(m.ratio, 2)
         );
@@ -90,8 +95,8 @@ pub fn table(ctx: &Context, copy_gbs: f64, all: &[Measure]) {
     }
 }
 
-/// One JSON object: the adapter, the copy bandwidth and every measure.
-pub fn json(ctx: &Context, copy_gbs: f64, all: &[Measure]) -> Result<()> {
+/// One JSON object: the adapter, its rooflines and every measure.
+pub fn json(ctx: &Context, roof: &Roofline, all: &[Measure]) -> Result<()> {
     let ms: Vec<serde_json::Value> = all
         .iter()
         .map(|m| {
@@ -107,6 +112,7 @@ pub fn json(ctx: &Context, copy_gbs: f64, all: &[Measure]) -> Result<()> {
                 "gbs": m.gbs,
                 "gflops": m.gflops,
                 "copy_pct": m.copy_pct,
+                "floor_ms": m.floor_ms,
                 "peer_median_ms": m.peer_median_ms,
                 "ratio": m.ratio,
                 "note": m.note,
@@ -117,7 +123,9 @@ pub fn json(ctx: &Context, copy_gbs: f64, all: &[Measure]) -> Result<()> {
         "adapter": ctx.describe(),
         "backend": format!("{:?}", ctx.info.backend),
         "timestamps": ctx.caps.timestamps,
-        "copy_gbs": copy_gbs,
+        "copy_gbs": roof.copy_gbs,
+        "read_gbs": roof.read_gbs,
+        "fma_gflops": roof.fma_gflops,
         "results": ms,
     });
     println!("{}", serde_json::to_string_pretty(&v).unwrap());
