@@ -202,6 +202,60 @@ fn widest_rows_and_column_65535() {
     assert_eq!(got, want, "gpu");
 }
 
+/// Rows of W >= 16 k (decode over a long context) first try a threshold taken from 512 sampled
+/// columns (every W / 512-th) and fall back to the radix select when it keeps fewer than k or
+/// more than 2048 keys: both ways must give the contract's answer.
+#[test]
+fn wide_rows_sampled_threshold_and_its_fallbacks() {
+    let mut rng = Rng::new(0x5a3e);
+    let w = 32768;
+    let stride = w / 512;
+    let mut rows: Vec<(&str, Vec<f32>)> = Vec::new();
+    // Distinct values: the sampled threshold holds.
+    rows.push(("distinct", rng.normals(w)));
+    // Few values, NaN, ±0, denormals: ties at the threshold; most rows keep > 2048 keys.
+    rows.push(("tied", tied_row(&mut rng, w, 10)));
+    // All equal: the sampled threshold keeps every column (> 2048): radix select.
+    rows.push(("all equal", vec![0.25; w]));
+    // The sampled columns hold the largest values: the threshold keeps only ~20 keys (< k).
+    let mut adv = rng.normals(w);
+    for (c, x) in adv.iter_mut().enumerate() {
+        if c % stride == 0 {
+            *x += 100.0;
+        }
+    }
+    rows.push(("sampled columns largest", adv));
+    // The sampled columns hold the smallest values: the threshold keeps nearly every column.
+    let mut low = rng.normals(w);
+    for (c, x) in low.iter_mut().enumerate() {
+        if c % stride == 0 {
+            *x -= 100.0;
+        }
+    }
+    rows.push(("sampled columns smallest", low));
+    // 700 scattered candidates, the rest masked: the sample sees too few (threshold 0).
+    let mut sparse = vec![NEG_INF; w];
+    for _ in 0..700 {
+        sparse[rng.below(w)] = rng.normals(1)[0];
+    }
+    rows.push(("sparse", sparse));
+    // A causal-style row: only the first 20000 columns are candidates.
+    let mut causal = rng.normals(w);
+    causal[20000..].fill(NEG_INF);
+    rows.push(("first 20000", causal));
+    for k in [1, 64, 512] {
+        for (what, row) in &rows {
+            check(row, [1, 1, w], k, &format!("{what}, W = {w}, k = {k}"));
+        }
+    }
+    // Several rows at once, and the widest W.
+    let all: Vec<f32> = rows.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+    check(&all, [rows.len(), 1, w], 512, "all rows in one call");
+    let wide = rng.normals(65536);
+    check(&wide, [1, 1, 65536], 512, "W = 65536, k = 512");
+    check(&wide, [1, 1, 65536], 4096 / 2, "W = 65536, k = 2048 (radix only)");
+}
+
 #[test]
 fn more_rows_than_one_grid_dimension() {
     // 65,600 rows > 65,535 workgroups per dimension: the dispatch is split over x and y. Rows
