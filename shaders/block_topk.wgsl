@@ -7,9 +7,9 @@
 //    Only bits are compared, so denormals order as on the host. Appending the 16-bit
 //    `0xffff - column` makes a 48-bit composite key that is distinct per column and whose
 //    descending order is exactly the contract's order.
-//    A wide row (W >= 16 k, W >= 2048, k <= 512: decode over a long context) first tries a
-//    sampled threshold: T, the key of rank r = ceil(2.5 k · 512 / W) among 512 keys spread
-//    over the row (ranked by counting as in step 4). If at least k keys are >= T, all of the k
+//    A wide row (entry point `wide`: W >= 16 k, W >= 2048, k <= 512; decode over a long
+//    context) first tries a sampled threshold: T, the key of rank r = ceil(2.5 k · 512 / W)
+//    among 512 keys spread over the row (ranked by counting as in step 4). If at least k keys are >= T, all of the k
 //    best are, so "key >= T" is a valid threshold: step 3 counts the keys it keeps, and with
 //    between k and MAX_K of them (~2.5 k expected) step 2 is skipped. Otherwise (too few, as
 //    when the sampled columns hold the largest values; too many, as with ties; or T = 0,
@@ -26,10 +26,11 @@
 // 3. Compact the m keys at or above the threshold (n = min(k, candidates) <= m <= n + SLACK,
 //    m <= MAX_K) in column order:
 //    invocation i owns the contiguous columns [i*C, i*C + C), C = ceil(W / 256) (<= 256); it
-//    marks its winners in a 256-bit mask and counts them, an exclusive scan (16 groups of 16,
-//    then the group sums) gives its first position, and a walk over the mask's set bits (one
-//    iteration per winner, not per column) stores keys in `skey` (vec4 words, 8 KiB for
-//    2048) and columns as u16 pairs in `scol` (atomicOr: two invocations may share a word).
+//    counts its winners, an exclusive scan (16 groups of 16, then the group sums) gives its
+//    first position, and a second pass stores keys in `skey` (vec4 words, 8 KiB for 2048) and
+//    columns as u16 pairs in `scol` (atomicOr: two invocations may share a word). Wide rows
+//    mark the winners in a 256-bit mask while counting, and the second pass walks the set
+//    bits: one iteration per winner, not per column.
 // 4. Rank by counting, no sort network: invocation t owns positions 8t .. 8t+7 (keys in two
 //    vec4 registers) and reads every key once, four per workgroup access; an entry's rank is
 //    the number of entries before it: a larger key, or an equal key at a lower position, which
@@ -62,7 +63,8 @@ struct BlockTopkParams {
 const WG: u32 = 256u;
 const MAX_K: u32 = 2048u;
 const SLACK: u32 = 128u;  // extra keys the select may leave to the ranking (see step 2)
-const SAMPLE: u32 = 512u; // keys of a wide row sampled for a first threshold (step 1b)
+const SAMPLE: u32 = 512u; // keys of a wide row sampled for a first threshold (step 1)
+
 
 var<workgroup> hist: array<atomic<u32>, WG>;  // one bin per digit value
 var<workgroup> sfx: array<u32, WG>;           // per-invocation counts, then their scan
@@ -79,6 +81,7 @@ var<workgroup> nsel: u32;                     // n = min(k, candidates)
 var<workgroup> thr_s: u32;                    // the sampled threshold (0: none)
 var<workgroup> sampled: u32;                  // 1 while the threshold is the sampled one
 var<workgroup> retry: u32;                    // the sampled threshold failed: search again
+var<workgroup> kept: u32;                     // keys at or above the threshold
 
 // Order-preserving key of score bits b; 0 = not a candidate.
 fn key_of(b: u32) -> u32 {
@@ -120,6 +123,16 @@ fn selected(key: u32, lo: u32, th: u32, tl: u32, mh: u32, ml: u32) -> bool {
     return key != 0u && at_or_above(key, lo, th, tl, mh, ml);
 }
 
+// Stores a selected entry (key, column c) at position *pos of `skey` / `scol`.
+fn place(key: u32, c: u32, th: u32, tl: u32, mh: u32, ml: u32, pos: ptr<function, u32>) {
+    let p = *pos;
+    if (selected(key, 0xffffu - c, th, tl, mh, ml) && p < MAX_K) {
+        skey[p >> 2u][p & 3u] = key;
+        atomicOr(&scol[p >> 1u], c << (16u * (p & 1u)));
+        *pos = p + 1u;
+    }
+}
+
 // Marks columns o .. o + 3 of the chunk (bits, o a multiple of 4 or bits one bit) in the
 // 256-bit mask (ma, mb).
 fn set_bits(ma: ptr<function, vec4<u32>>, mb: ptr<function, vec4<u32>>, o: u32, bits: u32) {
@@ -149,18 +162,8 @@ fn gt4(v: vec4<u32>, k: vec4<u32>) -> vec4<u32> {
         + select(zero, one, vec4<u32>(v.z) > k) + select(zero, one, vec4<u32>(v.w) > k);
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    if (id >= P.rows) {
-        return;
-    }
-    let base = id * P.w;
-    // Loop bounds that are 0 outside the invocations that work: llvmpipe runs a loop for a
-    // whole SIMD vector while any lane's bound allows, enclosing branches notwithstanding.
-    let lanes16 = select(0u, 16u, lid < 16u);
-    let lane16 = select(0u, 16u, lid == 0u);
+// The shared state of a row's search: no threshold yet (or "key >= 1" when W <= k).
+fn init_state(lid: u32) {
     if (lid == 0u) {
         thr_hi = 0u;
         thr_lo = 0u;
@@ -178,252 +181,152 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             done = 1u;
         }
     }
+}
 
-    // Chunks of whole vec4s when rows start on one (W a multiple of 4): vector loads.
-    let v4 = (P.w & 3u) == 0u;
-    let chunk = select((P.w + WG - 1u) / WG, ((P.w + 4u * WG - 1u) / (4u * WG)) * 4u, v4);
-    let c0 = min(lid * chunk, P.w);
-    let c1 = min(c0 + chunk, P.w);
-    var th = 0u;
-    var tl = 0u;
-    var mh = 0u;
-    var ml = 0u;
-    var mine = 0u;
-    var ma = vec4<u32>(0u);  // which columns of the chunk are selected: bits 0 .. 127
-    var mb = vec4<u32>(0u);  // ... 128 .. 255
-    for (var attempt = 0u; attempt < 2u; attempt++) {
-        // 1b. A wide row (W >= 16 k, k <= 512) first tries a sampled threshold: the key T of rank
-        //     r = 2.5 k · SAMPLE / W among SAMPLE keys spread over the row. Every key at or above
-        //     the k-th best is >= T whenever at least k keys are, which the count of step 3
-        //     checks; it then keeps ~2.5 k keys, all ranked in step 4, with no radix pass. If the
-        //     count is below k or above MAX_K, the radix select runs after all.
-        if (attempt == 0u && P.w >= 16u * P.k && P.w >= 4u * SAMPLE && P.k <= 512u) {
-            if (lid < SAMPLE / 4u) {
-                let s = 4u * lid;
-                skey[lid] = vec4<u32>(key_of(score_bits(base + s * P.w / SAMPLE)),
-                                      key_of(score_bits(base + (s + 1u) * P.w / SAMPLE)),
-                                      key_of(score_bits(base + (s + 2u) * P.w / SAMPLE)),
-                                      key_of(score_bits(base + (s + 3u) * P.w / SAMPLE)));
-            }
-            workgroupBarrier();
-            // Rank by counting among the sample, as in step 4.
-            let ka = skey[min(lid, SAMPLE / 4u - 1u)];
-            let pa = vec4<u32>(4u * lid) + vec4<u32>(0u, 1u, 2u, 3u);
-            var ra = vec4<u32>(0u);
-            let nq = select(0u, SAMPLE / 4u, lid < SAMPLE / 4u);
-            for (var q = 0u; q < nq; q++) {
-                let v = skey[q];
-                let j = 4u * q;
-                ra += before4(v.x, j, pa, ka) + before4(v.y, j + 1u, pa, ka)
-                    + before4(v.z, j + 2u, pa, ka) + before4(v.w, j + 3u, pa, ka);
-            }
-            let goal = clamp((5u * P.k * SAMPLE + 2u * P.w - 1u) / (2u * P.w), 1u, SAMPLE) - 1u;
-            if (lid < SAMPLE / 4u) {
-                let hit = ra == vec4<u32>(goal);
-                if (hit.x) { thr_s = ka.x; }
-                if (hit.y) { thr_s = ka.y; }
-                if (hit.z) { thr_s = ka.z; }
-                if (hit.w) { thr_s = ka.w; }
-            }
-            workgroupBarrier();
-            if (lid == 0u && thr_s != 0u) {
-                // Threshold "key >= T": the whole key compared, columns ignored.
-                thr_hi = thr_s;
-                mask_hi = 0xffffffffu;
-                done = 1u;
-                sampled = 1u;
-            }
+// Step 2 (nothing once `done`).
+fn radix_select(base: u32, lid: u32) {
+    // Loop bounds that are 0 outside the invocations that work: llvmpipe runs a loop for a
+    // whole SIMD vector while any lane's bound allows, enclosing branches notwithstanding.
+    let lanes16 = select(0u, 16u, lid < 16u);
+    let lane16 = select(0u, 16u, lid == 0u);
+// 2. Radix select of the threshold.
+    for (var level = 0u; level < 6u; level++) {
+        if (workgroupUniformLoad(&done) != 0u) {
+            break;
         }
-
-        // 2. Radix select of the threshold.
-        for (var level = 0u; level < 6u; level++) {
-            if (workgroupUniformLoad(&done) != 0u) {
-                break;
-            }
-            atomicStore(&hist[lid], 0u);
-            let th = thr_hi;
-            let tl = thr_lo;
-            let mh = mask_hi;
-            let ml = mask_lo;
-            var want = rem;  // read before the barrier: this pass's winner rewrites it
-            workgroupBarrier();
-            let ksh = 24u - 8u * min(level, 3u);
-            let lsh = 8u - 8u * (max(level, 4u) - 4u);
-            // Runs of one digit are counted privately: one atomic per run, not per key.
-            var last = 0u;
-            var run = 0u;
-            let hi = level < 4u;
-            if ((P.w & 3u) == 0u) {
-                for (var q = lid; q < P.w / 4u; q += WG) {
-                    let v = scores[(base >> 2u) + q];
-                    let c = 4u * q;
-                    tally(key_of(v.x), 0xffffu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
-                    tally(key_of(v.y), 0xfffeu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
-                    tally(key_of(v.z), 0xfffdu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
-                    tally(key_of(v.w), 0xfffcu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
-                }
-            } else {
-                for (var c = lid; c < P.w; c += WG) {
-                    tally(key_of(score_bits(base + c)), 0xffffu - c, th, tl, mh, ml, ksh, lsh, hi,
-                          &last, &run);
-                }
-            }
-            if (run != 0u) {
-                atomicAdd(&hist[last], run);
-            }
-            workgroupBarrier();
-            // Sixteen partial sums of 16 bins each, then one invocation walks down from the top.
-            if (lid < 16u) {
-                var sum = 0u;
-                for (var b = 0u; b < lanes16; b++) {
-                    sum += atomicLoad(&hist[16u * lid + b]);
-                }
-                part[lid] = sum;
-            }
-            workgroupBarrier();
-            if (lid == 0u) {
-                if (level == 0u) {
-                    var total = 0u;
-                    for (var g = 0u; g < lane16; g++) {
-                        total += part[g];
-                    }
-                    want = P.k;
-                    if (total <= P.k) {
-                        want = 0u;
-                        thr_hi = 1u;
-                        mask_hi = 0xffffffffu;
-                        done = 1u;
-                    }
-                }
-                if (want > 0u) {
-                    var above = 0u;  // keys in the bins above the one searched
-                    var g = 15u;
-                    loop {
-                        let v = part[g];
-                        if (above + v >= want || g == 0u || lid != 0u) {
-                            break;
-                        }
-                        above += v;
-                        g--;
-                    }
-                    var b = 16u * g + 15u;
-                    var h = 0u;
-                    loop {
-                        h = atomicLoad(&hist[b]);
-                        if (above + h >= want || b == 16u * g || lid != 0u) {
-                            break;
-                        }
-                        above += h;
-                        b--;
-                    }
-                    let left = want - above;
-                    if (level < 4u) {
-                        let sh = 24u - 8u * level;
-                        thr_hi |= b << sh;
-                        mask_hi |= 0xffu << sh;
-                    } else {
-                        let sh = 8u - 8u * (level - 4u);
-                        thr_lo |= b << sh;
-                        mask_lo |= 0xffu << sh;
-                    }
-                    rem = left;
-                    // Stop once the bucket overshoots by at most SLACK keys: all of them are
-                    // compacted and ranked, and the ranks past k are dropped (exact for h == left).
-                    if (h - left <= SLACK && P.k - left + h <= MAX_K) {
-                        done = 1u;
-                    }
-                }
-            }
-        }
-
-        // 3. Compact the n selected entries in column order: invocation lid owns the contiguous
-        //    columns [lid * C, lid * C + C); a count, an exclusive scan, and a second pass that
-        //    writes each key to its position in `skey` and its column into the u16 pairs of `scol`.
+        atomicStore(&hist[lid], 0u);
+        let th = thr_hi;
+        let tl = thr_lo;
+        let mh = mask_hi;
+        let ml = mask_lo;
+        var want = rem;  // read before the barrier: this pass's winner rewrites it
         workgroupBarrier();
-        th = thr_hi;
-        tl = thr_lo;
-        mh = mask_hi;
-        ml = mask_lo;
-        ma = vec4<u32>(0u);
-        mb = vec4<u32>(0u);
-        if (v4) {
-            for (var c = c0; c < c1; c += 4u) {
-                let v = scores[(base + c) >> 2u];
-                let nib = u32(selected(key_of(v.x), 0xffffu - c, th, tl, mh, ml))
-                    | (u32(selected(key_of(v.y), 0xfffeu - c, th, tl, mh, ml)) << 1u)
-                    | (u32(selected(key_of(v.z), 0xfffdu - c, th, tl, mh, ml)) << 2u)
-                    | (u32(selected(key_of(v.w), 0xfffcu - c, th, tl, mh, ml)) << 3u);
-                set_bits(&ma, &mb, c - c0, nib);
+        let ksh = 24u - 8u * min(level, 3u);
+        let lsh = 8u - 8u * (max(level, 4u) - 4u);
+        // Runs of one digit are counted privately: one atomic per run, not per key.
+        var last = 0u;
+        var run = 0u;
+        let hi = level < 4u;
+        if ((P.w & 3u) == 0u) {
+            for (var q = lid; q < P.w / 4u; q += WG) {
+                let v = scores[(base >> 2u) + q];
+                let c = 4u * q;
+                tally(key_of(v.x), 0xffffu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
+                tally(key_of(v.y), 0xfffeu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
+                tally(key_of(v.z), 0xfffdu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
+                tally(key_of(v.w), 0xfffcu - c, th, tl, mh, ml, ksh, lsh, hi, &last, &run);
             }
         } else {
-            for (var c = c0; c < c1; c++) {
-                let one = u32(selected(key_of(score_bits(base + c)), 0xffffu - c, th, tl, mh, ml));
-                set_bits(&ma, &mb, c - c0, one);
+            for (var c = lid; c < P.w; c += WG) {
+                tally(key_of(score_bits(base + c)), 0xffffu - c, th, tl, mh, ml, ksh, lsh, hi,
+                      &last, &run);
             }
         }
-        let pc = countOneBits(ma) + countOneBits(mb);
-        mine = pc.x + pc.y + pc.z + pc.w;
-        for (var m = lid; m < MAX_K / 2u; m += WG) {
-            atomicStore(&scol[m], 0u);
+        if (run != 0u) {
+            atomicAdd(&hist[last], run);
         }
-        sfx[lid] = mine;
         workgroupBarrier();
-        // Exclusive scan: in place within 16 groups of 16, then over the group totals.
+        // Sixteen partial sums of 16 bins each, then one invocation walks down from the top.
         if (lid < 16u) {
-            var acc = 0u;
+            var sum = 0u;
             for (var b = 0u; b < lanes16; b++) {
-                let v = sfx[16u * lid + b];
-                sfx[16u * lid + b] = acc;
-                acc += v;
+                sum += atomicLoad(&hist[16u * lid + b]);
             }
-            part[lid] = acc;
+            part[lid] = sum;
         }
         workgroupBarrier();
         if (lid == 0u) {
-            var acc = 0u;
-            for (var g = 0u; g < lane16; g++) {
-                let v = part[g];
-                part[g] = acc;
-                acc += v;
+            if (level == 0u) {
+                var total = 0u;
+                for (var g = 0u; g < lane16; g++) {
+                    total += part[g];
+                }
+                want = P.k;
+                if (total <= P.k) {
+                    want = 0u;
+                    thr_hi = 1u;
+                    mask_hi = 0xffffffffu;
+                    done = 1u;
+                }
             }
-            nsel = min(acc, MAX_K);  // m: min(k, candidates) plus at most SLACK, by construction
-            // A sampled threshold must leave between k and MAX_K keys; else search from scratch.
-            if (sampled != 0u && (acc < P.k || acc > MAX_K)) {
-                retry = 1u;
-                sampled = 0u;
-                thr_hi = 0u;
-                thr_lo = 0u;
-                mask_hi = 0u;
-                mask_lo = 0u;
-                done = 0u;
-                rem = 0u;
-            } else {
-                retry = 0u;
+            if (want > 0u) {
+                var above = 0u;  // keys in the bins above the one searched
+                var g = 15u;
+                loop {
+                    let v = part[g];
+                    if (above + v >= want || g == 0u || lid != 0u) {
+                        break;
+                    }
+                    above += v;
+                    g--;
+                }
+                var b = 16u * g + 15u;
+                var h = 0u;
+                loop {
+                    h = atomicLoad(&hist[b]);
+                    if (above + h >= want || b == 16u * g || lid != 0u) {
+                        break;
+                    }
+                    above += h;
+                    b--;
+                }
+                let left = want - above;
+                if (level < 4u) {
+                    let sh = 24u - 8u * level;
+                    thr_hi |= b << sh;
+                    mask_hi |= 0xffu << sh;
+                } else {
+                    let sh = 8u - 8u * (level - 4u);
+                    thr_lo |= b << sh;
+                    mask_lo |= 0xffu << sh;
+                }
+                rem = left;
+                // Stop once the bucket overshoots by at most SLACK keys: all of them are
+                // compacted and ranked, and the ranks past k are dropped (exact for h == left).
+                if (h - left <= SLACK && P.k - left + h <= MAX_K) {
+                    done = 1u;
+                }
             }
-        }
-        if (workgroupUniformLoad(&retry) == 0u) {
-            break;
         }
     }
-    var pos = sfx[lid] + part[lid >> 4u];  // the first position of this chunk
-    // Only the marked columns: one iteration per selected entry, not per column.
-    let words = select(0u, (chunk + 31u) / 32u, mine != 0u);
-    for (var wi = 0u; wi < words; wi++) {
-        var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
-        loop {
-            if (bits == 0u) {
-                break;
-            }
-            let c = c0 + 32u * wi + firstTrailingBit(bits);
-            bits &= bits - 1u;
-            let p = pos;
-            if (p < MAX_K) {
-                skey[p >> 2u][p & 3u] = key_of(score_bits(base + c));
-                atomicOr(&scol[p >> 1u], c << (16u * (p & 1u)));
-            }
-            pos = p + 1u;
-        }
+}
+
+// Step 3's exclusive scan of the per-invocation counts `mine` (in place within 16 groups of
+// 16, then over the group totals); clears `scol`; lid 0 stores the total in `kept` and m in
+// `nsel`.
+fn scan_counts(lid: u32, mine: u32) {
+    let lanes16 = select(0u, 16u, lid < 16u);
+    let lane16 = select(0u, 16u, lid == 0u);
+    for (var m = lid; m < MAX_K / 2u; m += WG) {
+        atomicStore(&scol[m], 0u);
     }
+    sfx[lid] = mine;
+    workgroupBarrier();
+    if (lid < 16u) {
+        var acc = 0u;
+        for (var b = 0u; b < lanes16; b++) {
+            let v = sfx[16u * lid + b];
+            sfx[16u * lid + b] = acc;
+            acc += v;
+        }
+        part[lid] = acc;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var acc = 0u;
+        for (var g = 0u; g < lane16; g++) {
+            let v = part[g];
+            part[g] = acc;
+            acc += v;
+        }
+        kept = acc;
+        nsel = min(acc, MAX_K);  // m: min(k, candidates) plus at most SLACK, by construction
+    }
+    workgroupBarrier();
+}
+
+// Steps 4 and 5 over the m entries of `skey` / `scol`.
+fn rank_write(id: u32, lid: u32) {
     let m = workgroupUniformLoad(&nsel);
     let n = min(m, P.k);  // the winners: min(k, candidates)
     if (lid == 0u && (m & 3u) != 0u) {
@@ -490,4 +393,194 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (lid == 0u) {
         block_count[P.out_base + id] = i32(n);
     }
+}
+
+// Narrow rows (W < 16 k, as in prefill): radix select, then steps 3 to 5.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let id = wg.y * nwg.x + wg.x;
+    if (id >= P.rows) {
+        return;
+    }
+    let base = id * P.w;
+    init_state(lid);
+    radix_select(base, lid);
+
+    // 3. Compact the n selected entries in column order: invocation lid owns the contiguous
+    //    columns [lid * C, lid * C + C); a count, an exclusive scan, and a second pass that
+    //    writes each key to its position in `skey` and its column into the u16 pairs of `scol`.
+    workgroupBarrier();
+    let th = thr_hi;
+    let tl = thr_lo;
+    let mh = mask_hi;
+    let ml = mask_lo;
+    // Chunks of whole vec4s when rows start on one (W a multiple of 4): vector loads.
+    let v4 = (P.w & 3u) == 0u;
+    let chunk = select((P.w + WG - 1u) / WG, ((P.w + 4u * WG - 1u) / (4u * WG)) * 4u, v4);
+    let c0 = min(lid * chunk, P.w);
+    let c1 = min(c0 + chunk, P.w);
+    var mine = 0u;
+    if (v4) {
+        for (var c = c0; c < c1; c += 4u) {
+            let v = scores[(base + c) >> 2u];
+            mine += u32(selected(key_of(v.x), 0xffffu - c, th, tl, mh, ml))
+                + u32(selected(key_of(v.y), 0xfffeu - c, th, tl, mh, ml))
+                + u32(selected(key_of(v.z), 0xfffdu - c, th, tl, mh, ml))
+                + u32(selected(key_of(v.w), 0xfffcu - c, th, tl, mh, ml));
+        }
+    } else {
+        for (var c = c0; c < c1; c++) {
+            mine += u32(selected(key_of(score_bits(base + c)), 0xffffu - c, th, tl, mh, ml));
+        }
+    }
+    scan_counts(lid, mine);
+    var pos = sfx[lid] + part[lid >> 4u];  // the first position of this chunk
+    if (mine != 0u) {
+        if (v4) {
+            for (var c = c0; c < c1; c += 4u) {
+                let v = scores[(base + c) >> 2u];
+                place(key_of(v.x), c, th, tl, mh, ml, &pos);
+                place(key_of(v.y), c + 1u, th, tl, mh, ml, &pos);
+                place(key_of(v.z), c + 2u, th, tl, mh, ml, &pos);
+                place(key_of(v.w), c + 3u, th, tl, mh, ml, &pos);
+            }
+        } else {
+            for (var c = c0; c < c1; c++) {
+                place(key_of(score_bits(base + c)), c, th, tl, mh, ml, &pos);
+            }
+        }
+    }
+    rank_write(id, lid);
+}
+
+// Wide rows (W >= 16 k, W >= 2048, k <= 512; decode over a long context): the sampled
+// threshold of step 1, the radix select only when it fails, winner masks in step 3. A separate
+// entry point rather than a branch: llvmpipe runs both sides of a branch, and the unused code
+// cost narrow prefill rows 10 %.
+@compute @workgroup_size(256)
+fn wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let id = wg.y * nwg.x + wg.x;
+    if (id >= P.rows) {
+        return;
+    }
+    let base = id * P.w;
+    init_state(lid);
+
+    // 1. The sampled threshold.
+    if (lid < SAMPLE / 4u) {
+        let s = 4u * lid;
+        skey[lid] = vec4<u32>(key_of(score_bits(base + s * P.w / SAMPLE)),
+                              key_of(score_bits(base + (s + 1u) * P.w / SAMPLE)),
+                              key_of(score_bits(base + (s + 2u) * P.w / SAMPLE)),
+                              key_of(score_bits(base + (s + 3u) * P.w / SAMPLE)));
+    }
+    workgroupBarrier();
+    // Rank by counting among the sample, as in step 4.
+    let ka = skey[min(lid, SAMPLE / 4u - 1u)];
+    let pa = vec4<u32>(4u * lid) + vec4<u32>(0u, 1u, 2u, 3u);
+    var ra = vec4<u32>(0u);
+    let nq = select(0u, SAMPLE / 4u, lid < SAMPLE / 4u);
+    for (var q = 0u; q < nq; q++) {
+        let v = skey[q];
+        let j = 4u * q;
+        ra += before4(v.x, j, pa, ka) + before4(v.y, j + 1u, pa, ka)
+            + before4(v.z, j + 2u, pa, ka) + before4(v.w, j + 3u, pa, ka);
+    }
+    let goal = clamp((5u * P.k * SAMPLE + 2u * P.w - 1u) / (2u * P.w), 1u, SAMPLE) - 1u;
+    if (lid < SAMPLE / 4u) {
+        let hit = ra == vec4<u32>(goal);
+        if (hit.x) { thr_s = ka.x; }
+        if (hit.y) { thr_s = ka.y; }
+        if (hit.z) { thr_s = ka.z; }
+        if (hit.w) { thr_s = ka.w; }
+    }
+    workgroupBarrier();
+    if (lid == 0u && thr_s != 0u) {
+        // Threshold "key >= T": the whole key compared, columns ignored.
+        thr_hi = thr_s;
+        mask_hi = 0xffffffffu;
+        done = 1u;
+        sampled = 1u;
+    }
+
+    let v4 = (P.w & 3u) == 0u;
+    let chunk = select((P.w + WG - 1u) / WG, ((P.w + 4u * WG - 1u) / (4u * WG)) * 4u, v4);
+    let c0 = min(lid * chunk, P.w);
+    let c1 = min(c0 + chunk, P.w);
+    var th = 0u;
+    var tl = 0u;
+    var mh = 0u;
+    var ml = 0u;
+    var mine = 0u;
+    var ma = vec4<u32>(0u);  // which columns of the chunk are selected: bits 0 .. 127
+    var mb = vec4<u32>(0u);  // ... 128 .. 255
+    for (var attempt = 0u; attempt < 2u; attempt++) {
+        radix_select(base, lid);  // nothing when the sampled threshold stands
+        workgroupBarrier();
+        th = thr_hi;
+        tl = thr_lo;
+        mh = mask_hi;
+        ml = mask_lo;
+        ma = vec4<u32>(0u);
+        mb = vec4<u32>(0u);
+        if (v4) {
+            for (var c = c0; c < c1; c += 4u) {
+                let v = scores[(base + c) >> 2u];
+                let nib = u32(selected(key_of(v.x), 0xffffu - c, th, tl, mh, ml))
+                    | (u32(selected(key_of(v.y), 0xfffeu - c, th, tl, mh, ml)) << 1u)
+                    | (u32(selected(key_of(v.z), 0xfffdu - c, th, tl, mh, ml)) << 2u)
+                    | (u32(selected(key_of(v.w), 0xfffcu - c, th, tl, mh, ml)) << 3u);
+                set_bits(&ma, &mb, c - c0, nib);
+            }
+        } else {
+            for (var c = c0; c < c1; c++) {
+                let one = u32(selected(key_of(score_bits(base + c)), 0xffffu - c, th, tl, mh, ml));
+                set_bits(&ma, &mb, c - c0, one);
+            }
+        }
+        let pc = countOneBits(ma) + countOneBits(mb);
+        mine = pc.x + pc.y + pc.z + pc.w;
+        scan_counts(lid, mine);
+        if (lid == 0u) {
+            // A sampled threshold must keep between k and MAX_K keys; else search from scratch.
+            let acc = kept;
+            if (sampled != 0u && (acc < P.k || acc > MAX_K)) {
+                retry = 1u;
+                sampled = 0u;
+                thr_hi = 0u;
+                thr_lo = 0u;
+                mask_hi = 0u;
+                mask_lo = 0u;
+                done = 0u;
+                rem = 0u;
+            } else {
+                retry = 0u;
+            }
+        }
+        if (workgroupUniformLoad(&retry) == 0u) {
+            break;
+        }
+    }
+    // Only the marked columns: one iteration per selected entry, not per column.
+    var pos = sfx[lid] + part[lid >> 4u];
+    let words = select(0u, (chunk + 31u) / 32u, mine != 0u);
+    for (var wi = 0u; wi < words; wi++) {
+        var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
+        loop {
+            if (bits == 0u) {
+                break;
+            }
+            let c = c0 + 32u * wi + firstTrailingBit(bits);
+            bits &= bits - 1u;
+            let p = pos;
+            if (p < MAX_K) {
+                skey[p >> 2u][p & 3u] = key_of(score_bits(base + c));
+                atomicOr(&scol[p >> 1u], c << (16u * (p & 1u)));
+            }
+            pos = p + 1u;
+        }
+    }
+    rank_write(id, lid);
 }

@@ -16,6 +16,13 @@ pub const MAX_K: usize = 2048;
 /// Largest row width: the shader keys ties by a 16-bit column index.
 pub const MAX_W: usize = 65536;
 
+/// Whether rows of width `w` are wide for the shader (entry point `wide`, else `main`): they take a sampled threshold
+/// first and mark their winners in bit masks, as in decode over a long context, where a radix
+/// pass over every column costs more than ranking ~2.5 k sampled winners.
+pub fn wide(w: u32, k: u32) -> bool {
+    w >= 16 * k && w >= 2048 && k <= 512
+}
+
 /// Attributes of `block_topk`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlockTopkAttrs {
@@ -254,7 +261,14 @@ pub fn dispatch_topk<'a>(
         }
     }
     Ok(Dispatch {
-        key: PipelineKey::new(OP, "main"),
+        key: PipelineKey::new(
+            OP,
+            if wide(params.w, params.k) {
+                "wide"
+            } else {
+                "main"
+            },
+        ),
         params: bytemuck::bytes_of(params),
         buffers: vec![scores, indices, count],
         groups: params.rows,
