@@ -1,12 +1,16 @@
 // qsa_prepare_query (SPEC §3): each index-query head RMS-normed and rotated like a block key,
-// at the query's own position. One workgroup per (row t, head h).
+// at the query's own position. One invocation per (row t, head h), channels in a loop: no
+// workgroup memory and no barrier. (One workgroup per row with a barrier tree took 140 ms for
+// the 32768 rows of an 8K prefill on lavapipe, nearly all of it barriers.) The sum of squares
+// runs in channel order; rotated channels read their partner channel again.
 // rope_mode 1: rope_a = rope_cos [T, Dr], rope_b = rope_sin [T, Dr], one value per channel.
 // rope_mode 2: rope_a = freqs_cis [positions, Dr] of interleaved (cos, sin) pairs, looked up at
 // positions[t]; a position outside the table is clamped, skipped and flagged.
 
 //#include common/dtype.wgsl
-//#include common/rowmath.wgsl
 //#include common/flags.wgsl
+
+const WG: u32 = 64u;
 
 struct QsaPrepareQueryParams {
     t: u32,          // rows
@@ -41,43 +45,84 @@ fn st_out(i: u32, v: f32) {
     atomicOr(&out[t_word(i)], t_bits(v, i));
 }
 
+// Channel c of the row at element src, normed: x · inv · (offset + w[c]).
+fn normed(src: u32, c: u32, inv: f32) -> f32 {
+    let x = ld_q(src + c);
+    if (P.norm_on != 0u) {
+        return x * inv * (P.offset + ld_w(c));
+    }
+    return x;
+}
+
+// Channel c of the output: normed, then the first dr channels rotated in split halves,
+// y'[i] = y[i]·c - y[i+h]·s and y'[i+h] = y[i+h]·c + y[i]·s (SPEC §3).
+fn value(src: u32, t: u32, pos: u32, c: u32, inv: f32) -> f32 {
+    let y = normed(src, c, inv);
+    if (P.rope_mode == 0u || c >= P.dr) {
+        return y;
+    }
+    var cs = 0.0;
+    var sn = 0.0;
+    if (P.rope_mode == 1u) {
+        cs = ld_a(t * P.dr + c);
+        sn = ld_b(t * P.dr + c);
+    } else {
+        let f = pos * P.dr + 2u * (c % (P.dr / 2u));
+        cs = ld_a(f);
+        sn = ld_a(f + 1u);
+    }
+    let h = P.dr / 2u;
+    if (c < h) {
+        return y * cs - normed(src, c + h, inv) * sn;
+    }
+    return y * cs + normed(src, c - h, inv) * sn;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    if (id >= P.t * P.hi) {
+    let r = (wg.y * nwg.x + wg.x) * WG + lid;  // row (t, h)
+    if (r >= P.t * P.hi) {
         return;
     }
-    let t = id / P.hi;
+    let t = r / P.hi;
     var pos = 0u;
     if (P.rope_mode == 2u) {
         let p = positions[t];
         if (p < 0 || u32(p) >= P.freq_rows) {
-            if (lid == 0u) { atomicOr(&flags, FLAG_ROPE_ROW); }
+            atomicOr(&flags, FLAG_ROPE_ROW);
             return;
         }
         pos = u32(p);
     }
-    let src = id * P.di;
-    for (var c = lid; c < P.di; c += WG) {
-        row[c] = ld_q(src + c);
-    }
-    workgroupBarrier();
+    let src = r * P.di;
+    var inv = 1.0;
     if (P.norm_on != 0u) {
-        let inv = wg_rms_factor(lid, P.di, P.eps);
-        for (var c = lid; c < P.di; c += WG) {
-            row[c] = row[c] * inv * (P.offset + ld_w(c));
+        var ss = 0.0;
+        for (var c = 0u; c < P.di; c++) {
+            let x = ld_q(src + c);
+            ss += x * x;
         }
-        workgroupBarrier();
+        inv = 1.0 / sqrt(ss / f32(P.di) + P.eps);
     }
-    for (var c = lid; c < P.di; c += WG) {
-        var v = row[c];
-        if (P.rope_mode == 1u && c < P.dr) {
-            v = rope_at(c, P.dr, ld_a(t * P.dr + c), ld_b(t * P.dr + c));
-        } else if (P.rope_mode == 2u && c < P.dr) {
-            let f = pos * P.dr + 2u * (c % (P.dr / 2u));
-            v = rope_at(c, P.dr, ld_a(f), ld_a(f + 1u));
+    // Channel pairs: with 16-bit types and an even Di a pair is one whole word of this row,
+    // stored at once; an odd Di shares words between rows, which the atomic halves keep apart.
+    for (var c = 0u; c < P.di; c += 2u) {
+        let v0 = value(src, t, pos, c, inv);
+        let two = c + 1u < P.di;
+        let v1 = value(src, t, pos, min(c + 1u, P.di - 1u), inv);
+        if (T_KIND == 0u) {
+            atomicStore(&out[src + c], bitcast<u32>(v0));
+            if (two) {
+                atomicStore(&out[src + c + 1u], bitcast<u32>(v1));
+            }
+        } else if ((P.di & 1u) == 0u) {
+            atomicStore(&out[t_word(src + c)], t_bits(v0, src + c) | t_bits(v1, src + c + 1u));
+        } else {
+            st_out(src + c, v0);
+            if (two) {
+                st_out(src + c + 1u, v1);
+            }
         }
-        st_out(src + c, v);
     }
 }

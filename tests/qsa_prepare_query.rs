@@ -1,4 +1,5 @@
-//! qsa_prepare_query: GPU against the CPU reference, both rope sources, norm on and off.
+//! qsa_prepare_query: GPU against the CPU reference, both rope sources, norm on and off, even
+//! and odd widths.
 
 mod util;
 
@@ -12,7 +13,8 @@ fn gpu_matches_cpu() {
     let mut rng = Rng::new(7);
     let mut cases = 0;
     for dt in [DType::F32, DType::F16, DType::BF16] {
-        for (di, dr) in [(40, 0), (72, 24), (128, 64)] {
+        // Odd widths: with 16-bit types two rows share a word at every row boundary.
+        for (di, dr) in [(40, 0), (72, 24), (128, 64), (37, 0), (45, 18)] {
             for t in [1, 3, 17, 130] {
                 for rope in 0..3 {
                     if dr == 0 && rope > 0 {
@@ -53,7 +55,7 @@ fn gpu_matches_cpu() {
             }
         }
     }
-    assert_eq!(cases, 84);
+    assert_eq!(cases, 132);
 }
 
 #[test]

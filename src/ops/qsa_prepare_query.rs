@@ -251,7 +251,8 @@ pub fn dispatch_query<'a>(
             b.out,
             b.flags,
         ],
-        groups: prm.t * prm.hi,
+        // One invocation per (row, head), 64 per workgroup.
+        groups: (prm.t * prm.hi).div_ceil(64),
     })
 }
 
