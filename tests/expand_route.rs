@@ -1,4 +1,5 @@
-//! expand_route: GPU against the CPU reference (exact), a hand-checked case, invisible blocks.
+//! expand_route: GPU against the CPU reference (exact), a hand-checked case, invisible blocks,
+//! more rows than one grid dimension.
 
 mod util;
 
@@ -94,4 +95,37 @@ fn invisible_block_is_an_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("block_count") && e.contains("2"), "{e}");
+}
+
+#[test]
+fn more_rows_than_one_grid_dimension() {
+    // 66,000 rows > 65,535 workgroups per dimension (one workgroup per row): the dispatch is
+    // split over x and y and every row is still written.
+    let mut rng = Rng::new(29);
+    let (t, hs, k, r) = (33_000, 2, 2, 2);
+    let mut idx = vec![-1i32; t * hs * k];
+    let mut cnt = vec![0i32; t * hs];
+    let pos: Vec<i32> = (0..t).map(|_| rng.below(40) as i32).collect();
+    for ti in 0..t {
+        let vis = (pos[ti] as usize + 1) / r;
+        for g in 0..hs {
+            let c = k.min(vis).min(rng.below(k + 1));
+            for j in 0..c {
+                idx[(ti * hs + g) * k + j] = (vis - 1 - j) as i32;
+            }
+            cnt[ti * hs + g] = c as i32;
+        }
+    }
+    let (bi, bc, bp) = (
+        Tensor::from_i32(&[t, hs, k], &idx),
+        Tensor::from_i32(&[t, hs], &cnt),
+        Tensor::from_i32(&[t], &pos),
+    );
+    let x = ExpandRouteInputs {
+        block_indices: &bi,
+        block_count: &bc,
+        positions: &bp,
+    };
+    let want = cpu(&x, r).unwrap();
+    assert_eq!(pollster::block_on(gpu(&util::ctx(), &x, r)).unwrap(), want);
 }

@@ -176,7 +176,6 @@ pub fn dispatch_expand<'a>(
     prm: &'a ExpandRouteParams,
     b: &'a ExpandBuffers<'a>,
 ) -> Result<Dispatch<'a>> {
-    let total = prm.t * prm.hs * (prm.k + 1);
     Ok(Dispatch {
         key: PipelineKey::new(OP, "main"),
         params: bytemuck::bytes_of(prm),
@@ -188,7 +187,8 @@ pub fn dispatch_expand<'a>(
             b.token_count,
             b.flags,
         ],
-        groups: total.div_ceil(64),
+        // One workgroup per row (t, g).
+        groups: prm.t * prm.hs,
     })
 }
 
