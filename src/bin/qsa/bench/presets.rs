@@ -8,14 +8,14 @@
 use super::{Measure, Stage};
 use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
-use qsa_wgpu::ops::common::{flag_word, read_checked};
+use qsa_wgpu::ops::common::{encode, flag_word, read_checked};
 use qsa_wgpu::ops::nsa_compress_attention::{
-    encode_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout, NsaAttnBuffers,
+    dispatch_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout, NsaAttnBuffers,
     NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
 };
 use qsa_wgpu::ops::sparse_attention::{
-    encode_attention_sharded, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
-    AttentionGeometry, ShardedAttentionBuffers,
+    dispatch_attention, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
+    AttentionGeometry, ShardedAttentionBuffers, COMBINE, ROUTE,
 };
 use qsa_wgpu::paged::PoolLayout;
 use qsa_wgpu::testing::Rng;
@@ -50,22 +50,19 @@ type Runs = (Vec<f64>, Vec<Vec<(&'static str, f64)>>);
 fn timed_runs(
     ctx: &Context,
     preset: &str,
-    label: &'static str,
     runs: usize,
-    mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
-    let mut timer = Timer::new(ctx, 2);
+    let mut timer = Timer::new(ctx, 64);
     let (mut walls, mut stages) = (Vec::new(), Vec::new());
     for run in 0..WARMUP + runs {
         progress(preset, run, runs);
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         if let Some(t) = &mut timer {
             t.clear();
-            t.begin_span(&mut enc, label);
         }
-        record(&mut enc)?;
+        record(&mut enc, timer.as_mut())?;
         if let Some(t) = &timer {
-            t.end_span(&mut enc);
             t.resolve(&mut enc);
         }
         let t0 = Instant::now();
@@ -275,7 +272,8 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
     let count = f("count", DType::I32, &[rows])?;
     let scratch = f("scratch", DType::F32, &[scratch_words(&prm) as usize])?;
     let flags = flag_word(ctx)?;
-    let (walls, stages) = timed_runs(ctx, preset, "attention+topk", runs, |enc| {
+    let sel = prm.topk_params();
+    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, mut timer| {
         let b = NsaAttnBuffers {
             query: &gq.buffer,
             key: &gk.buffer,
@@ -290,7 +288,17 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
             scratch: &scratch.buffer,
             flags: &flags.buffer,
         };
-        pollster::block_on(encode_nsa_compress_attention(ctx, enc, dt, &prm, &b))
+        // One span per stage: logits, values, finish, top-k.
+        for (name, d) in dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)? {
+            if let Some(t) = timer.as_deref_mut() {
+                t.begin_span(enc, name);
+            }
+            pollster::block_on(encode(ctx, enc, d))?;
+            if let Some(t) = timer.as_deref() {
+                t.end_span(enc);
+            }
+        }
+        Ok(())
     })?;
     let es = dt.size() as u64;
     let bytes = (c * n2 * (dqk + dv)) as u64 * es + (n1 * dqk) as u64 * es;
@@ -379,7 +387,7 @@ fn attention(
     let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
     let partials = scratch_buffer(ctx, "qsa.bench.partials", plan.partials_bytes);
     let routes = scratch_buffer(ctx, "qsa.bench.routes", plan.routes_bytes);
-    let (walls, stages) = timed_runs(ctx, preset, "attention", runs, |enc| {
+    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, mut timer| {
         let b = ShardedAttentionBuffers {
             query: &q.buffer,
             pool: shards.iter().map(|s| &s.buffer).collect(),
@@ -393,7 +401,23 @@ fn attention(
             partials: &partials,
             routes: &routes,
         };
-        pollster::block_on(encode_attention_sharded(ctx, enc, dt, &prm, &b))
+        // One span per dispatch, summed by stage: route, partial passes (one per shard),
+        // combine.
+        for (step, d) in dispatch_attention(ctx, dt, &plan, &b)? {
+            let name = match step.shader {
+                ROUTE => "route",
+                COMBINE => "combine",
+                _ => "partial",
+            };
+            if let Some(t) = timer.as_deref_mut() {
+                t.begin_span(enc, name);
+            }
+            pollster::block_on(encode(ctx, enc, d))?;
+            if let Some(t) = timer.as_deref() {
+                t.end_span(enc);
+            }
+        }
+        Ok(())
     })?;
     // The device's flags (bad pages, tokens, counts) turn into an error here.
     pollster::block_on(read_checked(ctx, "sparse_attention", &[&out], &flags))?;
