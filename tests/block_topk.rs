@@ -253,7 +253,12 @@ fn wide_rows_sampled_threshold_and_its_fallbacks() {
     check(&all, [rows.len(), 1, w], 512, "all rows in one call");
     let wide = rng.normals(65536);
     check(&wide, [1, 1, 65536], 512, "W = 65536, k = 512");
-    check(&wide, [1, 1, 65536], 4096 / 2, "W = 65536, k = 2048 (radix only)");
+    check(
+        &wide,
+        [1, 1, 65536],
+        4096 / 2,
+        "W = 65536, k = 2048 (radix only)",
+    );
 }
 
 #[test]

@@ -10,8 +10,8 @@ use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::common::{encode, flag_word, read_checked};
 use qsa_wgpu::ops::nsa_compress_attention::{
-    dispatch_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout, NsaAttnBuffers,
-    NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
+    dispatch_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout,
+    NsaAttnBuffers, NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
 };
 use qsa_wgpu::ops::sparse_attention::{
     dispatch_attention, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
