@@ -72,6 +72,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/sparse_attention.wgsl"),
     ),
     (
+        "sparse_attention_sg.wgsl",
+        include_str!("../shaders/sparse_attention_sg.wgsl"),
+    ),
+    (
         "sparse_attention_route.wgsl",
         include_str!("../shaders/sparse_attention_route.wgsl"),
     ),

@@ -16,12 +16,15 @@ use qsa_wgpu::shaders;
 fn translate(name: &str, ep: &str, overrides: &[(&str, u32)]) -> Result<(), String> {
     let src = shaders::assemble(name).map_err(|e| e.to_string())?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::empty(),
-    )
-    .validate(&module)
-    .map_err(|e| format!("validate: {e:?}"))?;
+    // Subgroup variants need the subgroup capability; nothing else needs one.
+    let caps = if shaders::uses_subgroups(&src) {
+        naga::valid::Capabilities::SUBGROUP
+    } else {
+        naga::valid::Capabilities::empty()
+    };
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| format!("validate: {e:?}"))?;
     let mut consts = naga::back::PipelineConstants::default();
     // Shaders without activations (integer-only stages) have no T_KIND override.
     for (k, v) in overrides {
@@ -262,6 +265,7 @@ fn params_structs_match_wgsl_layout() {
     for shader in [
         "sparse_attention_route",
         "sparse_attention",
+        "sparse_attention_sg",
         "sparse_attention_combine",
     ] {
         check_params!(
@@ -298,7 +302,7 @@ fn params_structs_match_wgsl_layout() {
                 phases,
                 ev,
                 dp,
-                _pad0,
+                sg,
                 _pad1
             ]
         );

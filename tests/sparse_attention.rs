@@ -5,11 +5,13 @@
 //! values narrower or wider than keys (`v_head_dim`, NSA's Dqk = 192 / Dv = 128).
 //! Through the device entry points: token-list splits and their boundaries, a pool in shards of
 //! whole pages (tokens spread over them, a bad page flagged), sinks merged after the splits,
-//! head chunks and channel blocks, values of their own width over shards and splits.
+//! head chunks and channel blocks, values of their own width over shards and splits. Where the
+//! adapter has fixed-size subgroups (lavapipe) the partial pass is the subgroup variant; a
+//! second context with subgroups disabled runs the tiled pass on the same problems.
 
 mod util;
 
-use qsa_wgpu::gpu::{GpuTensor, Readback};
+use qsa_wgpu::gpu::{Context, ContextOptions, GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
     cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, heads_per_pass_kv,
     pack_seqs, params_kv, plan_attention, scratch_buffer, validate, AttentionBuffers,
@@ -819,5 +821,59 @@ fn value_width_refused_by_the_device_entry_points() {
             .unwrap_err()
             .to_string();
         assert!(err.contains("kv_blocks") && err.contains(what), "{err}");
+    }
+}
+
+#[test]
+fn subgroup_and_tiled_partial_passes_agree() {
+    // The same problems through the subgroup pass (where the adapter has one subgroup size)
+    // and the tiled pass (subgroups disabled): Qwen's group, 16 heads of E = 64 (four head
+    // quads, two quads per lane), values narrower than keys, a padded head quad, sinks, odd E.
+    let ctx = util::ctx();
+    let Some(size) = ctx.caps.subgroup_size else {
+        eprintln!(
+            "no fixed subgroup size on {}: the tiled pass only",
+            ctx.describe()
+        );
+        return;
+    };
+    let tiled = Context::new_blocking(&ContextOptions {
+        disable_subgroups: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(tiled.caps.subgroup_size.is_none());
+    let mut rng = Rng::new(0x59);
+    let mut nsa = shape(32, 2, 2, 192, 90);
+    nsa.ev = 128;
+    for (dt, s, sinks) in [
+        (DType::F32, shape(24, 2, 1, 256, 2051), false),
+        (DType::BF16, shape(24, 2, 1, 256, 600), true),
+        (DType::F16, shape(16, 1, 1, 64, 300), false),
+        (DType::F32, nsa, true),
+        (DType::BF16, shape(10, 1, 2, 60, 50), false),
+        (DType::F32, shape(8, 8, 1, 37, 130), true),
+    ] {
+        let d = data(&mut rng, &s, &[(2100, 1), (0, 3), (700, 2)], sinks);
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, dt, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        // The subgroup context really plans the subgroup pass for this shape.
+        let v = validate(&p.inputs(), &p.attrs).unwrap();
+        let prm = params_kv(&v.geo, v.e, v.ev).unwrap();
+        let plan = plan_attention(&ctx, &prm, prm.num_pages as usize, 1 << 26, 1 << 26).unwrap();
+        assert!(
+            plan.steps.iter().all(|st| st.params.sg == size),
+            "{s:?}: subgroup pass not planned"
+        );
+        for c in [&ctx, &tiled] {
+            let got = pollster::block_on(gpu(c, &p.inputs(), &p.attrs)).unwrap();
+            compare(&got, &want, attention_tol(dt)).unwrap_or_else(|e| {
+                panic!(
+                    "{dt} {s:?} sinks={sinks} subgroups={:?}: {e}",
+                    c.caps.subgroup_size
+                )
+            });
+        }
     }
 }

@@ -51,7 +51,7 @@ struct SparseAttentionParams {
     phases: u32,      // token phases of the V step (64 / phases invocations each)
     ev: u32,          // value / output channels Ev (0: E)
     dp: u32,          // channels of a pool row per head (0: E)
-    _pad0: u32,
+    sg: u32,          // subgroup size of the subgroup partial pass (0: the tiled pass)
     _pad1: u32,
 }
 

@@ -21,6 +21,8 @@ pub struct ContextOptions {
     /// Backends to consider, e.g. `"vulkan"`, `"gl"`, `"metal,dx12"`. `None` honours
     /// `WGPU_BACKEND` and otherwise takes every backend wgpu was built with.
     pub backends: Option<String>,
+    /// Never choose an operator's subgroup variant (the portable kernels run instead).
+    pub disable_subgroups: bool,
 }
 
 /// Adapter features an operator may choose a variant by.
@@ -29,6 +31,9 @@ pub struct Capabilities {
     pub shader_f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
+    /// The subgroup size when subgroups are enabled and the adapter reports one fixed size
+    /// (lavapipe: 8 lanes at 256-bit SIMD), which subgroup variants are specialised for.
+    pub subgroup_size: Option<u32>,
 }
 
 /// Adapter, device, queue and the pipeline cache. Cheap to share through an `Arc`.
@@ -76,14 +81,24 @@ impl Context {
             .ok_or_else(|| Error::Adapter(format!("no adapter found ({})", errors.join("; "))))?;
         let info = adapter.get_info();
         let available = adapter.features();
+        // Subgroup variants run only natively with the feature on and one fixed size; the
+        // browser build keeps the portable kernels (`disable_subgroups` does the same here).
+        let subgroups = available.contains(wgpu::Features::SUBGROUP)
+            && !opts.disable_subgroups
+            && ShaderTarget::of(info.backend) != ShaderTarget::Browser;
+        let fixed = info.subgroup_min_size == info.subgroup_max_size;
         let caps = Capabilities {
             shader_f16: available.contains(wgpu::Features::SHADER_F16),
-            subgroups: available.contains(wgpu::Features::SUBGROUP),
+            subgroups,
             timestamps: available.contains(wgpu::Features::TIMESTAMP_QUERY),
+            subgroup_size: (subgroups && fixed).then_some(info.subgroup_min_size),
         };
         let mut required = wgpu::Features::empty();
         if caps.timestamps {
             required |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        if caps.subgroups {
+            required |= wgpu::Features::SUBGROUP;
         }
         // Limits are negotiated once: everything the adapter offers.
         let limits = adapter.limits();

@@ -97,7 +97,11 @@ impl Options {
 pub async fn run(o: &Options, now: &dyn Fn() -> f64) -> Result<Value> {
     let t0 = now();
     let backends = cfg!(target_arch = "wasm32").then(|| "webgpu".to_string());
-    let ctx = Context::new(&ContextOptions { backends }).await?;
+    let ctx = Context::new(&ContextOptions {
+        backends,
+        ..Default::default()
+    })
+    .await?;
     let context_ms = now() - t0;
     let n = o.prefill.len();
     let final_lens: Vec<usize> = o.prefill.iter().map(|p| p + o.decode).collect();

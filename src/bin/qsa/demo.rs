@@ -74,6 +74,7 @@ pub(crate) fn setup(
     }
     let ctx = Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
+        ..Default::default()
     })?;
     Ok((dt, ctx))
 }

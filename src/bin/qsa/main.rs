@@ -51,6 +51,7 @@ enum Cmd {
 fn context(backend: &Option<String>) -> Result<std::sync::Arc<Context>> {
     Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
+        ..Default::default()
     })
 }
 
@@ -62,8 +63,17 @@ fn info(backend: &Option<String>) -> Result<()> {
     println!("device type  {:?}", i.device_type);
     println!("driver       {} {}", i.driver, i.driver_info);
     println!(
-        "features     shader-f16 {}  subgroups {}  timestamps {}",
-        ctx.caps.shader_f16, ctx.caps.subgroups, ctx.caps.timestamps
+        "features     shader-f16 {}  subgroups {} (size {}..={}{})  timestamps {}",
+        ctx.caps.shader_f16,
+        ctx.caps.subgroups,
+        i.subgroup_min_size,
+        i.subgroup_max_size,
+        if ctx.caps.subgroup_size.is_some() {
+            ", subgroup variants on"
+        } else {
+            ""
+        },
+        ctx.caps.timestamps
     );
     let l = &ctx.limits;
     println!(

@@ -70,6 +70,13 @@ pub fn phases(ev: usize) -> usize {
 /// length, rows / phases, follows Ev).
 pub fn loop_iterations(p: &SparseAttentionParams) -> u64 {
     let lanes = LANES as u64;
+    if p.sg != 0 {
+        // The subgroup pass: the query and record loops (under 800 at 16 heads and 8 quads per
+        // lane), then per batch of SG tokens 2 · (SG + 1) + 1 iterations: at most 3 per token
+        // of the lane's subgroup.
+        let subs = (LANES as u64 / p.sg as u64).max(1);
+        return 800 + 3 * (p.split_len as u64).div_ceil(subs) + 1;
+    }
     let e4 = (p.e as u64).div_ceil(4);
     let tiles = (p.split_len as u64).div_ceil(TILE as u64);
     let setup = (p.hc as u64 * (e4 + 1)).div_ceil(lanes) + 1 + 5 + 16;
@@ -159,7 +166,9 @@ pub struct SparseAttentionParams {
     pub ev: u32,
     /// Channels of one pool row per head, max(E, Ev); 0 means E.
     pub dp: u32,
-    pub _pad0: u32,
+    /// Subgroup size of the subgroup partial pass (`sparse_attention_sg.wgsl`; its subgroups
+    /// are the records' phases); 0: the tiled pass.
+    pub sg: u32,
     pub _pad1: u32,
 }
 
@@ -213,9 +222,14 @@ impl SparseAttentionParams {
     /// adapter, so tiles should be full; 64 on a GPU): enough splits for [`TARGET_GROUPS`]
     /// workgroups, none past the llvmpipe budget.
     pub fn choose_splits(&mut self, unit: usize) {
+        self.choose_splits_for(unit, TARGET_GROUPS);
+    }
+
+    /// [`Self::choose_splits`] aiming for `target` workgroups.
+    pub fn choose_splits_for(&mut self, unit: usize, target: usize) {
         let units = (self.w as usize).div_ceil(unit).max(1);
         let per_row = (self.t.max(1) * self.parts_per_row().max(1)) as usize;
-        let want = TARGET_GROUPS.div_ceil(per_row).clamp(1, units);
+        let want = target.div_ceil(per_row).clamp(1, units);
         let len = units.div_ceil(want).min(self.max_split_len() / unit).max(1);
         self.split_len = (len * unit) as u32;
         self.splits = units.div_ceil(len) as u32;
@@ -238,6 +252,28 @@ impl SparseAttentionParams {
         }
         best * LANES
     }
+}
+
+/// Workgroups the subgroup pass aims for on a CPU adapter: few, so that each subgroup walks many
+/// tokens per pool shard and loads and stores its state (every head's accumulators) rarely.
+pub const SG_TARGET_GROUPS_CPU: usize = 4;
+
+/// Largest K or V channel quads per lane of the subgroup pass (`QK`, `QV` in its shader).
+pub const SG_QUADS: u32 = 8;
+
+/// The subgroup size the subgroup partial pass (`sparse_attention_sg.wgsl`) would run `p` at on
+/// an adapter whose subgroups are all `size` lanes, if it applies: the size divides the 64
+/// invocations of a workgroup, each lane holds at most [`SG_QUADS`] channel quads of a K row
+/// and of a V row, and a part has at most 16 heads.
+pub fn subgroup_pass(size: Option<u32>, p: &SparseAttentionParams) -> Option<u32> {
+    let sg = size?;
+    let fits = |d: u32| d.div_ceil(4).div_ceil(sg) <= SG_QUADS;
+    ((4..=LANES as u32).contains(&sg)
+        && (LANES as u32).is_multiple_of(sg)
+        && fits(p.e)
+        && fits(p.v_dim())
+        && p.hc <= MAX_HEADS as u32)
+        .then_some(sg)
 }
 
 /// The uniform block of a call over one pool buffer, with the rules the shaders rely on: Hkv

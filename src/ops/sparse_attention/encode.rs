@@ -13,6 +13,8 @@ use crate::tensor::DType;
 
 /// The routing stage's shader (and pipeline label).
 pub const ROUTE: &str = "sparse_attention_route";
+/// The partial pass's subgroup variant (shader and pipeline label).
+pub const SUBGROUP_PASS: &str = "sparse_attention_sg";
 /// The combine stage's shader (and pipeline label).
 pub const COMBINE: &str = "sparse_attention_combine";
 /// Most pool shards one call takes (`MAX_SHARDS` in the routing shader).
@@ -129,6 +131,12 @@ pub fn plan_attention(
     routes_cap: u64,
 ) -> Result<AttentionPlan> {
     let mut p = *prm;
+    // Whether the caller kept the splits `params` chose (else they are the caller's).
+    let default_splits = {
+        let mut d = *prm;
+        d.choose_splits(LANES);
+        d.split_len == prm.split_len
+    };
     let np = p.num_pages as usize;
     let shard_pages = shard_pages.max(1);
     let shards = np.div_ceil(shard_pages).max(1);
@@ -146,6 +154,29 @@ pub fn plan_attention(
     };
     if !(p.split_len as usize).is_multiple_of(unit) {
         p.choose_splits(unit);
+    }
+    // The subgroup pass where the adapter allows: its subgroups are the records' phases, with
+    // one channel block.
+    if let Some(sg) = subgroup_pass(ctx.caps.subgroup_size, &p) {
+        p.sg = sg;
+        p.phases = LANES as u32 / sg;
+        p.cblocks = 1;
+        // Unless the caller chose the splits: whole 64-entry units (batches of SG entries per
+        // subgroup), and on a CPU few workgroups, each subgroup then carrying its state over
+        // many tokens.
+        if default_splits {
+            let target = if unit == TILE {
+                SG_TARGET_GROUPS_CPU
+            } else {
+                TARGET_GROUPS
+            };
+            p.choose_splits_for(LANES, target);
+        } else if p.split_len as usize > p.max_split_len() {
+            // The caller's splits, cut to what the subgroup pass may loop over on llvmpipe.
+            let len = p.max_split_len().max(LANES);
+            p.split_len = len as u32;
+            p.splits = (p.w as usize).div_ceil(len).max(1) as u32;
+        }
     }
     let head_bytes = p.h as u64 * p.phases as u64 * record_bytes(&p);
     if p.splits as u64 * head_bytes > partials_cap {
@@ -337,6 +368,19 @@ pub fn dispatch_attention<'a>(
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.partials, b.sinks.unwrap_or(&ctx.dummy), b.out],
                 groups: p.combine_groups(),
+            },
+            _ if p.sg != 0 => Dispatch {
+                key: PipelineKey::new(SUBGROUP_PASS, "main")
+                    .with("T_KIND", dt.shader_kind())
+                    .with("SG", p.sg)
+                    .with("HQ", p.head_quads())
+                    .with("QK", p.e.div_ceil(4).div_ceil(p.sg))
+                    .with("QV", p.v_dim().div_ceil(4).div_ceil(p.sg))
+                    .with("ALIGN2", a2q)
+                    .with("VEC", vec),
+                params: bytemuck::bytes_of(p),
+                buffers: vec![b.query, b.pool[step.shard], b.routes, b.partials],
+                groups: p.groups(),
             },
             _ => Dispatch {
                 key: PipelineKey::new(OP, "main")

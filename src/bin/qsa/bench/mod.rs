@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// The Python that runs the peer.
     #[arg(long, default_value = "python3")]
     pub python: String,
+    /// Run the portable kernels even where the adapter has subgroups.
+    #[arg(long)]
+    pub no_subgroups: bool,
 }
 
 /// One stage of a measured step.
@@ -117,6 +120,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     }
     let ctx = Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
+        disable_subgroups: args.no_subgroups,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
     let peer = match &args.peer {
