@@ -176,28 +176,18 @@ fn max_into(q: u32, m: vec4<f32>) {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    let parts = P.segs * P.chunks * P.cblocks;
-    if (id >= P.rows * P.hkv * parts * P.splits) {
+    let pw = part_work(wg.y * nwg.x + wg.x);
+    if (pw.hc == 0u) {
         return;
     }
-    let rr = id / (P.hkv * parts * P.splits);
-    let t = P.row_base + rr;
-    let kh = (id / (parts * P.splits)) % P.hkv;
-    let part_id = (id / P.splits) % parts;
-    let split = id % P.splits;
-    let seg = part_id / (P.chunks * P.cblocks);
-    let chunk = (part_id / P.cblocks) % P.chunks;
-    let cb = part_id % P.cblocks;
-    let gsz = P.h / P.hkv;  // query heads per KV head
-    let ssz = P.h / P.hs;   // query heads per selection group
-    let g = kh * gsz / ssz + seg;
-    let s1 = min((kh + 1u) * gsz, (g + 1u) * ssz);
-    let h0 = max(kh * gsz, g * ssz) + chunk * P.hc;
-    if (g >= P.hs || h0 >= s1) {
-        return;
-    }
-    let hc = min(P.hc, s1 - h0);
+    let rr = pw.rr;
+    let t = pw.t;
+    let kh = pw.kh;
+    let g = pw.g;
+    let split = pw.split;
+    let h0 = pw.h0;
+    let hc = pw.hc;
+    let cb = pw.cb;
 
     // The split's range of the shard's row list (stage 1 checked every entry).
     let list = (rr * P.hs + g) * (P.shards + 1u + P.w);

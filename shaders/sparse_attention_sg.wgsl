@@ -166,27 +166,17 @@ fn put_acc(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32, a: mat4x4<f32
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(subgroup_id) sub: u32, @builtin(subgroup_invocation_id) sl: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    let parts = P.segs * P.chunks;
-    if (id >= P.rows * P.hkv * parts * P.splits) {
+    let pw = part_work(wg.y * nwg.x + wg.x);
+    if (pw.hc == 0u) {
         return;
     }
-    let rr = id / (P.hkv * parts * P.splits);
-    let t = P.row_base + rr;
-    let kh = (id / (parts * P.splits)) % P.hkv;
-    let part_id = (id / P.splits) % parts;
-    let split = id % P.splits;
-    let seg = part_id / P.chunks;
-    let chunk = part_id % P.chunks;
-    let gsz = P.h / P.hkv;  // query heads per KV head
-    let ssz = P.h / P.hs;   // query heads per selection group
-    let g = kh * gsz / ssz + seg;
-    let s1 = min((kh + 1u) * gsz, (g + 1u) * ssz);
-    let h0 = max(kh * gsz, g * ssz) + chunk * P.hc;
-    if (g >= P.hs || h0 >= s1) {
-        return;
-    }
-    let hc = min(P.hc, s1 - h0);
+    let rr = pw.rr;
+    let t = pw.t;
+    let kh = pw.kh;
+    let g = pw.g;
+    let split = pw.split;
+    let h0 = pw.h0;
+    let hc = pw.hc;
 
     // This split's entries of the shard's row list (stage 1 checked every entry).
     let list = (rr * P.hs + g) * (P.shards + 1u + P.w);

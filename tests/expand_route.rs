@@ -50,22 +50,7 @@ fn gpu_matches_cpu() {
                     cnt[ti * hs + g] = c as i32;
                 }
             }
-            let (bi, bc, bp) = (
-                Tensor::from_i32(&[t, hs, k], &idx),
-                Tensor::from_i32(&[t, hs], &cnt),
-                Tensor::from_i32(&[t], &pos),
-            );
-            let x = ExpandRouteInputs {
-                block_indices: &bi,
-                block_count: &bc,
-                positions: &bp,
-            };
-            let want = cpu(&x, r).unwrap();
-            assert_eq!(
-                pollster::block_on(gpu(&ctx, &x, r)).unwrap(),
-                want,
-                "r={r} t={t} hs={hs} k={k}"
-            );
+            same_on_gpu(&ctx, [t, hs, k], &idx, &cnt, &pos, r);
         }
     }
 }
@@ -116,10 +101,22 @@ fn more_rows_than_one_grid_dimension() {
             cnt[ti * hs + g] = c as i32;
         }
     }
+    same_on_gpu(&util::ctx(), [t, hs, k], &idx, &cnt, &pos, r);
+}
+
+/// Expands the selection on the GPU and on the CPU and asserts they are equal.
+fn same_on_gpu(
+    ctx: &qsa_wgpu::gpu::Context,
+    [t, hs, k]: [usize; 3],
+    idx: &[i32],
+    cnt: &[i32],
+    pos: &[i32],
+    r: usize,
+) {
     let (bi, bc, bp) = (
-        Tensor::from_i32(&[t, hs, k], &idx),
-        Tensor::from_i32(&[t, hs], &cnt),
-        Tensor::from_i32(&[t], &pos),
+        Tensor::from_i32(&[t, hs, k], idx),
+        Tensor::from_i32(&[t, hs], cnt),
+        Tensor::from_i32(&[t], pos),
     );
     let x = ExpandRouteInputs {
         block_indices: &bi,
@@ -127,5 +124,9 @@ fn more_rows_than_one_grid_dimension() {
         positions: &bp,
     };
     let want = cpu(&x, r).unwrap();
-    assert_eq!(pollster::block_on(gpu(&util::ctx(), &x, r)).unwrap(), want);
+    assert_eq!(
+        pollster::block_on(gpu(ctx, &x, r)).unwrap(),
+        want,
+        "r={r} t={t} hs={hs} k={k}"
+    );
 }

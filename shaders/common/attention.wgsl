@@ -60,3 +60,43 @@ fn v_dim() -> u32 { return select(P.ev, P.e, P.ev == 0u); }
 fn pool_dim() -> u32 { return select(P.dp, P.e, P.dp == 0u); }
 
 const LOW: f32 = -3.0e38;     // "no score yet": below every real score, and finite
+
+// The work of workgroup `id` of a partial pass (tiled or subgroup; one workgroup per row, KV
+// head, part and split, a part being a segment's head chunk times a channel block): its row rr
+// (query row t = row_base + rr), KV head kh, selection group g, channel block cb, split, and
+// heads h0 … h0 + hc − 1. hc = 0: nothing to do (past the grid, or a segment this KV head
+// does not meet).
+struct PartWork {
+    rr: u32,
+    t: u32,
+    kh: u32,
+    g: u32,
+    cb: u32,
+    split: u32,
+    h0: u32,
+    hc: u32,
+}
+
+fn part_work(id: u32) -> PartWork {
+    var w = PartWork(0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u);
+    let parts = P.segs * P.chunks * P.cblocks;
+    if (id >= P.rows * P.hkv * parts * P.splits) {
+        return w;
+    }
+    let rr = id / (P.hkv * parts * P.splits);
+    let kh = (id / (parts * P.splits)) % P.hkv;
+    let part_id = (id / P.splits) % parts;
+    let seg = part_id / (P.chunks * P.cblocks);
+    let chunk = (part_id / P.cblocks) % P.chunks;
+    let gsz = P.h / P.hkv;  // query heads per KV head
+    let ssz = P.h / P.hs;   // query heads per selection group
+    let g = kh * gsz / ssz + seg;
+    let s1 = min((kh + 1u) * gsz, (g + 1u) * ssz);
+    let h0 = max(kh * gsz, g * ssz) + chunk * P.hc;
+    if (g >= P.hs || h0 >= s1) {
+        return w;
+    }
+    w = PartWork(rr, P.row_base + rr, kh, g, part_id % P.cblocks, id % P.splits, h0,
+                 min(P.hc, s1 - h0));
+    return w;
+}

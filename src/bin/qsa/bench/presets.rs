@@ -8,7 +8,7 @@
 use super::{Measure, Stage};
 use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
-use qsa_wgpu::ops::common::{encode, flag_word, read_checked};
+use qsa_wgpu::ops::common::{encode, flag_word, read_checked, Dispatch};
 use qsa_wgpu::ops::nsa_compress_attention::{
     dispatch_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout,
     NsaAttnBuffers, NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
@@ -79,6 +79,25 @@ fn timed_runs(
         }
     }
     Ok((walls, stages))
+}
+
+/// Records dispatch `d` inside a timer span of stage `name` (summed with the stage's others).
+fn encode_spanned(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    timer: Option<&mut Timer>,
+    name: &'static str,
+    d: Dispatch<'_>,
+) -> Result<()> {
+    match timer {
+        Some(t) => {
+            t.begin_span(enc, name);
+            pollster::block_on(encode(ctx, enc, d))?;
+            t.end_span(enc);
+        }
+        None => pollster::block_on(encode(ctx, enc, d))?,
+    }
+    Ok(())
 }
 
 /// Builds the measure from per-run walls and per-run stage times.
@@ -290,13 +309,7 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
         };
         // One span per stage: logits, values, finish, top-k.
         for (name, d) in dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)? {
-            if let Some(t) = timer.as_deref_mut() {
-                t.begin_span(enc, name);
-            }
-            pollster::block_on(encode(ctx, enc, d))?;
-            if let Some(t) = timer.as_deref() {
-                t.end_span(enc);
-            }
+            encode_spanned(ctx, enc, timer.as_deref_mut(), name, d)?;
         }
         Ok(())
     })?;
@@ -409,13 +422,7 @@ fn attention(
                 COMBINE => "combine",
                 _ => "partial",
             };
-            if let Some(t) = timer.as_deref_mut() {
-                t.begin_span(enc, name);
-            }
-            pollster::block_on(encode(ctx, enc, d))?;
-            if let Some(t) = timer.as_deref() {
-                t.end_span(enc);
-            }
+            encode_spanned(ctx, enc, timer.as_deref_mut(), name, d)?;
         }
         Ok(())
     })?;
