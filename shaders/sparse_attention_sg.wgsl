@@ -5,18 +5,23 @@
 // record's "phase" is the subgroup: phases = 64 / SG, one channel block.
 //
 // Work split: one workgroup of 64 invocations per (row t, KV head kh, part, split s), as in the
-// tiled pass; its 64 / SG subgroups take the split's list entries in turn (subgroup u: entries
-// u, u + 64 / SG, …). A subgroup walks its tokens one at a time with every lane on the same
-// token: lane l holds, in registers, the queries' channel quads l, l + SG, … of all heads of
-// the part (QK quads per lane) and the accumulators of the value quads l, l + SG, … (QV per
-// lane). Per token each lane loads only its own quads of the K and V rows — every element of
-// the row once per subgroup, neighbouring lanes on neighbouring words — multiplies them with
-// its registers, and one subgroupAdd per head quad completes the dot products. No workgroup
-// memory, no barrier. (The tiled pass reads the queries from workgroup memory for every four
-// rows; on llvmpipe, where every such read is a loop over the lanes, that dominated its time.)
+// tiled pass; its 64 / SG subgroups take the split's list entries in batches of SG consecutive
+// entries (subgroup u: batches u, u + 64 / SG, …). Within a batch every lane works on the same
+// token at a time: lane l holds, in registers, the queries' channel quads l, l + SG, … of all
+// heads of the part (QK quads per lane) and the accumulators of the value quads l, l + SG, …
+// (QV per lane). Per token each lane loads only its own quads of the K and V rows — every
+// element of the row once per subgroup, neighbouring lanes on neighbouring words — multiplies
+// them with its registers, and one subgroupAdd per head quad completes the dot products. No
+// workgroup memory, no barrier. (The tiled pass reads the queries from workgroup memory for
+// every four rows; on llvmpipe, where every such read is a loop over the lanes, that dominated
+// its time.)
 //
-// Online softmax per head, token by token: m the running maximum, l = Σ e^{z − m}, acc =
-// Σ e^{z − m} V. A later pool shard continues the records the previous one left.
+// Online softmax per head, batch by batch: m the running maximum, l = Σ e^{z − m}, acc =
+// Σ e^{z − m} V. Lane b keeps token b's scores; one subgroupMax per head quad gives the
+// batch's new maximum, the state is rescaled once, each lane takes the exponentials of its own
+// token (the work is spread over the lanes, not repeated), and subgroupShuffle hands each
+// token's weights to every lane for its V row. A later pool shard continues the records the
+// previous one left.
 //
 // Registers are named variables (the loops over quads are written out, cut by the overrides
 // QK, QV and HQ), never arrays indexed in a loop, which llvmpipe keeps in memory. Heads past the
