@@ -29,6 +29,7 @@
 
 //#include common/dtype.wgsl
 //#include common/attention.wgsl
+//#include common/attention_pass.wgsl
 
 // Subgroup size (fixed on the adapters this variant is chosen for).
 override SG: u32 = 8u;
@@ -38,25 +39,8 @@ override HQ: u32 = 3u;
 override QK: u32 = 8u;
 // V channel quads per lane: ceil(ceil(Ev / 4) / SG), 1 ..= 8.
 override QV: u32 = 8u;
-// 1 when every query row starts on an even element, so a 16-bit channel quad is two whole
-// words.
-override ALIGN2: u32 = 0u;
-// 1 when every K and V row starts on a whole vec4 of the pool (as in the tiled pass).
-override VEC: u32 = 0u;
 
 const TK: u32 = 64u;  // invocations
-
-@group(0) @binding(0) var<uniform> P: SparseAttentionParams;
-@group(0) @binding(1) var<storage, read> query: array<u32>;           // [T, H, E] T
-@group(0) @binding(2) var<storage, read> pool: array<vec4<u32>>;      // one shard (see the tiled pass)
-@group(0) @binding(3) var<storage, read> routes: array<u32>;          // [rows, Hs, shards + 1 + W] u32 (stage 1)
-@group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>; // [rows, H, splits, phases, Ev4 + 1] partial results
-
-// Element j of the pool.
-fn ld_el(j: u32) -> f32 {
-    let w = t_word(j);
-    return t_load(pool[w >> 2u][w & 3u], j);
-}
 
 // Channels c … c + 3 of the pool row starting at element i (c a multiple of 4); channels >= e
 // read as 0 (and a quad wholly past e reads channel 0 instead, never beyond the row).
@@ -74,21 +58,6 @@ fn ld_quad(i: u32, c: u32, e: u32) -> vec4<f32> {
         v = vec4<f32>(t_load(h.x, 0u), t_load(h.x, 1u), t_load(h.y, 0u), t_load(h.y, 1u));
     } else {
         v = vec4<f32>(ld_el(j), ld_el(j + 1u), ld_el(j + 2u), ld_el(j + 3u));
-    }
-    return select(vec4<f32>(0.0), v, vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(e));
-}
-
-// The same for the query row starting at element i.
-fn ld_q(i: u32, c: u32, e: u32) -> vec4<f32> {
-    let j = i + select(0u, c, c < e);
-    var v = vec4<f32>();
-    if (T_KIND != 0u && ALIGN2 != 0u) {
-        let w0 = query[j >> 1u];
-        let w1 = query[(j >> 1u) + 1u];
-        v = vec4<f32>(t_load(w0, 0u), t_load(w0, 1u), t_load(w1, 0u), t_load(w1, 1u));
-    } else {
-        v = vec4<f32>(t_load(query[t_word(j)], j), t_load(query[t_word(j + 1u)], j + 1u),
-                      t_load(query[t_word(j + 2u)], j + 2u), t_load(query[t_word(j + 3u)], j + 3u));
     }
     return select(vec4<f32>(0.0), v, vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(e));
 }
@@ -127,14 +96,6 @@ fn weigh(s: vec4<f32>, m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(mn, l * al + subgroupAdd(p), al, p);
 }
 
-// Four heads' accumulators (columns) rescaled per head by `al`.
-fn rescale(a: mat4x4<f32>, al: vec4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(a[0] * al.x, a[1] * al.y, a[2] * al.z, a[3] * al.w);
-}
-// Four heads' accumulators plus V quad v weighted per head by p.
-fn axpy(a: mat4x4<f32>, p: vec4<f32>, v: vec4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(a[0] + v * p.x, a[1] + v * p.y, a[2] + v * p.z, a[3] + v * p.w);
-}
 
 // The (m, l) entries of four heads as record quads (columns), and back.
 fn ml_rec(m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
@@ -146,11 +107,6 @@ fn ml_m(r: mat4x4<f32>) -> vec4<f32> {
 }
 fn ml_l(r: mat4x4<f32>) -> vec4<f32> {
     return vec4<f32>(r[0].y, r[1].y, r[2].y, r[3].y);
-}
-
-// First vec4 of the record of head j of the part (heads past hc: the last one's).
-fn rec(base: u32, step: u32, j: u32, hc: u32, rs: u32) -> u32 {
-    return (base + min(j, hc - 1u) * step) * rs;
 }
 
 // Loads or stores quad c of the records of the four heads of head quad q.

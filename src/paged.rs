@@ -261,6 +261,12 @@ impl PagedPool {
     /// Page tables of `seqs` as a `[N, max_pages]` u32 tensor, unused entries `fill` (a freed
     /// sequence has none).
     pub fn page_table(&self, seqs: &[usize], max_pages: usize, fill: u32) -> Tensor {
+        let v = self.page_rows(seqs, max_pages, fill);
+        Tensor::from_u32(&[seqs.len(), max_pages], &v)
+    }
+
+    /// The values of [`PagedPool::page_table`], row after row.
+    pub fn page_rows(&self, seqs: &[usize], max_pages: usize, fill: u32) -> Vec<u32> {
         let mut v = vec![fill; seqs.len() * max_pages];
         for (i, &s) in seqs.iter().enumerate() {
             let pages = self.tables.get(s).and_then(|t| t.as_deref()).unwrap_or(&[]);
@@ -268,7 +274,7 @@ impl PagedPool {
                 v[i * max_pages + j] = p;
             }
         }
-        Tensor::from_u32(&[seqs.len(), max_pages], &v)
+        v
     }
 
     /// The pool as the rank-6 tensor the operators take (pages packed, so with

@@ -28,6 +28,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/attention.wgsl"),
     ),
     (
+        "common/attention_pass.wgsl",
+        include_str!("../shaders/common/attention_pass.wgsl"),
+    ),
+    (
         "qsa_prepare.wgsl",
         include_str!("../shaders/qsa_prepare.wgsl"),
     ),

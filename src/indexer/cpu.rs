@@ -132,13 +132,12 @@ impl QsaIndexer {
         };
         // Each picked row becomes a one-row sequence at its position, with its page table.
         let mp = self.max_pages;
-        let pages = table.to_i32();
         let mut tab = Vec::new();
         let mut cache = Vec::new();
         for &r in rows {
             let s = offsets.partition_point(|&o| o as usize <= r) - 1;
             cache.push(positions[r] as u32);
-            tab.extend(pages[s * mp..(s + 1) * mp].iter().map(|&p| p as u32));
+            tab.extend_from_slice(&table[s * mp..(s + 1) * mp]);
         }
         let n = rows.len();
         let mut m = TensorMap::new();
@@ -196,7 +195,10 @@ impl QsaIndexer {
         let j = |v: serde_json::Value| v;
         let mut m = TensorMap::new();
         m.insert("kv_blocks".into(), self.pool.tensor());
-        m.insert("page_table".into(), table);
+        m.insert(
+            "page_table".into(),
+            Tensor::from_u32(&[n, self.max_pages], &table),
+        );
         m.insert("cache_lengths".into(), Tensor::from_u32(&[n], &cache));
         m.insert("key_counts".into(), Tensor::from_i32(&[n], &counts));
         m.insert("gamma".into(), self.k_norm.clone());

@@ -185,7 +185,9 @@ pub fn rotary_table(dtype: DType, positions: usize, dr: usize) -> Tensor {
 }
 
 /// Row offsets, cache lengths, positions and the page table of one step.
-type StepTensors = (Vec<u32>, Vec<u32>, Vec<i32>, Tensor);
+/// Row offsets, cache lengths, positions and the page table (`[slots, max_pages]`, row after
+/// row) of one step.
+type StepTensors = (Vec<u32>, Vec<u32>, Vec<i32>, Vec<u32>);
 
 impl QsaIndexer {
     /// A layer with the given norm weights (`[Di]` each), pages handed out in `page_order`.
@@ -442,7 +444,7 @@ impl QsaIndexer {
             offsets.push(offsets[s] + new as u32);
         }
         let all: Vec<usize> = (0..slots).collect();
-        let table = self.pool.page_table(&all, self.max_pages, 0);
+        let table = self.pool.page_rows(&all, self.max_pages, 0);
         Ok((offsets, cache, positions, table))
     }
 

@@ -217,7 +217,7 @@ impl QsaIndexer {
             .unwrap_or(0);
         let b = &self.bufs;
         let lens: Vec<u32> = cache.iter().chain(counts.iter()).copied().collect();
-        b.table.write(&ctx, &table.data);
+        b.table.write(&ctx, bytemuck::cast_slice(&table));
         b.lens.write(&ctx, bytemuck::cast_slice(&lens));
         b.offs.write(&ctx, bytemuck::cast_slice(&offsets));
         if let Some(q) = index_query_raw {
@@ -373,12 +373,7 @@ impl QsaIndexer {
 
         if let (Some(q), Some(kv)) = (attention_query, &self.kv) {
             kv.query.write(&ctx, &q.data);
-            let pages: Vec<u32> = table
-                .data
-                .chunks_exact(4)
-                .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
-                .collect();
-            let seqs = pack_seqs(&offsets, &cache, &pages);
+            let seqs = pack_seqs(&offsets, &cache, &table);
             kv.seqs.write(&ctx, &seqs.data);
             let prm = attention_params(&AttentionGeometry {
                 t,
