@@ -9,7 +9,7 @@ mod util;
 use qsa_wgpu::gpu::GpuTensor;
 use qsa_wgpu::ops::common::{flag_word, read_checked};
 use qsa_wgpu::ops::nsa_compress_attention::{
-    encode_nsa_compress_attention, scratch_words, validate, Layout, NsaAttnBuffers,
+    encode_nsa_compress_attention, scratch_words, validate, Layout, NsaAttnBuffers, Plan,
 };
 use qsa_wgpu::testing::{compare_selection, Tol};
 use qsa_wgpu::{testing::Rng, DType, Error, Tensor};
@@ -210,172 +210,50 @@ fn selection_comparator_rejects_real_differences() {
 fn device_values_out_of_range_raise_flags() {
     // Through the encode API the lengths and the block table are device buffers: a block past
     // the cache or a length past the plan's maxima skips the row and raises a flag.
-    let ctx = util::ctx();
     let mut rng = Rng::new(23);
     let mut geo = tiny(DType::F32, 2, 1, 2, true);
     (geo.dqk, geo.dv) = (8, 4);
     let p = Problem::new(&mut rng, geo, &[2], &[30], &[30 * 16 + 16]);
     let plan = validate(&p.inputs(), &p.attrs()).unwrap();
-    let table: Vec<u32> = plan.table.iter().map(|&v| v as u32).collect();
+    let table = plan.table_words();
     let mut bad_table = table.clone();
     bad_table[1] = plan.num_blocks as u32;
     let mut bad_lens = plan.lens();
     bad_lens[1] = plan.c_max as u32 + 1;
-    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
-    let u32s = |v: &[u32]| up(&Tensor::from_u32(&[v.len()], v));
-    let rows = plan.rows * plan.n2;
-    let zeros = |dt: DType, n: usize| GpuTensor::filled(&ctx, "t", dt, &[n], 0).unwrap();
-    let (q, k, v) = (up(&p.query), up(&p.key), up(&p.value));
-    let out = zeros(DType::F32, plan.rows * plan.n1 * plan.dv);
-    let topk = zeros(DType::I32, rows * plan.k);
-    let (psum, scores) = (
-        zeros(DType::F32, rows * plan.c_max),
-        zeros(DType::F32, rows * plan.w),
+    expect_flags(
+        &p,
+        &plan,
+        DType::F32,
+        vec![
+            (table.clone(), plan.lens(), None),
+            (bad_table, plan.lens(), Some("page-table entry")),
+            (table, bad_lens, Some("NSA")),
+        ],
     );
-    let count = zeros(DType::I32, rows);
-    let scratch = zeros(DType::F32, scratch_words(&plan.params()) as usize);
-    for (tab, lens, needle) in [
-        (&table, plan.lens(), None),
-        (&bad_table, plan.lens(), Some("page-table entry")),
-        (&table, bad_lens, Some("NSA")),
-    ] {
-        let (tab, lens, flags) = (u32s(tab), u32s(&lens), flag_word(&ctx).unwrap());
-        let bufs = NsaAttnBuffers {
-            query: &q.buffer,
-            key: &k.buffer,
-            value: &v.buffer,
-            block_table: &tab.buffer,
-            lens: &lens.buffer,
-            out: &out.buffer,
-            topk: &topk.buffer,
-            psum: &psum.buffer,
-            scores: &scores.buffer,
-            count: &count.buffer,
-            scratch: &scratch.buffer,
-            flags: &flags.buffer,
-        };
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        let prm = plan.params();
-        pollster::block_on(encode_nsa_compress_attention(
-            &ctx,
-            &mut enc,
-            DType::F32,
-            &prm,
-            &bufs,
-        ))
-        .unwrap();
-        pollster::block_on(ctx.submit("test", enc)).unwrap();
-        let got = pollster::block_on(read_checked(
-            &ctx,
-            "nsa_compress_attention",
-            &[&out],
-            &flags,
-        ));
-        match (needle, got) {
-            (None, Ok(_)) => {}
-            (Some(n), Err(Error::Device { msg, .. })) => assert!(msg.contains(n), "{msg}"),
-            (n, other) => panic!("expected {n:?}, got {other:?}"),
-        }
-    }
 }
 
-#[test]
-fn case_file_round_trip() {
-    // SPEC §9: inputs under their contract names, attributes as JSON text ("\"BSND\"",
-    // "true"); the named outputs of CPU and GPU agree.
-    use qsa_wgpu::case::Case;
-    use qsa_wgpu::ops::{run_blocking, Exec};
-    let mut rng = Rng::new(90);
-    let mut geo = tiny(DType::F16, 4, 2, 3, true);
-    (geo.dqk, geo.dv, geo.layout) = (16, 8, Layout::Bsnd);
-    let p = Problem::new(
-        &mut rng,
-        geo,
-        &[3, 1],
-        &[25, 12],
-        &[25 * 16 + 16, 12 * 16 + 20],
-    );
-    let x = p.inputs();
-    let mut inputs = qsa_wgpu::ops::TensorMap::new();
-    for (name, t) in [
-        ("query", x.query),
-        ("key", x.key),
-        ("value", x.value),
-        ("block_table", x.block_table),
-        ("actual_q_len", x.actual_q_len.unwrap()),
-        ("actual_cmp_kv_len", x.actual_cmp_kv_len),
-        ("actual_sel_kv_len", x.actual_sel_kv_len.unwrap()),
-    ] {
-        inputs.insert(name.to_string(), t.clone());
-    }
-    let mut md = std::collections::HashMap::new();
-    md.insert("op".to_string(), "nsa_compress_attention".to_string());
-    for (k, v) in [
-        ("num_kv_heads", "2"),
-        ("compress_block_size", "32"),
-        ("compress_stride", "16"),
-        ("select_block_size", "64"),
-        ("select_block_count", "3"),
-        ("layout", "\"BSND\""),
-        ("causal_mask", "true"),
-    ] {
-        md.insert(k.to_string(), v.to_string());
-    }
-    let bytes = qsa_wgpu::case::serialize(&inputs, Some(md)).unwrap();
-    let case = Case::from_bytes(&bytes).unwrap();
-    let run = |exec| run_blocking(&case.op, &case.inputs, &case.attrs, exec).unwrap();
-    let (cpu, gpu) = (run(Exec::Cpu), run(Exec::Gpu(&util::ctx())));
-    assert_eq!(cpu.keys().collect::<Vec<_>>(), ["out", "topk"]);
-    assert_eq!(cpu["topk"].shape, vec![2, 3, 2, 3]);
-    assert_eq!(cpu["topk"], gpu["topk"]);
-    qsa_wgpu::testing::compare(&gpu["out"], &cpu["out"], util::nsa::out_tol(DType::F16)).unwrap();
-}
-
-#[test]
-fn bad_entries_past_the_first_split_raise_flags() {
-    // The GPU works in splits of the compressed tokens; a bad block-table entry that only a
-    // later split reads (token 2600 of 3000), or that no visible token reads (the causal rows
-    // see 2000 tokens), must still raise the page flag, as must a length past the plan's.
+/// Runs `plan` through the encode API once per (block table, lengths) case, over zeroed
+/// device buffers, and checks that each succeeds (`None`) or raises a flag whose message holds
+/// the needle.
+fn expect_flags(
+    p: &Problem,
+    plan: &Plan,
+    dt: DType,
+    cases: Vec<(Vec<u32>, Vec<u32>, Option<&str>)>,
+) {
     let ctx = util::ctx();
-    let mut rng = Rng::new(2600);
-    let mut geo = tiny(DType::BF16, 4, 2, 4, true);
-    (geo.dqk, geo.dv, geo.page) = (16, 8, 128);
-    let p = Problem::new(&mut rng, geo, &[2], &[3000], &[2000 * 16 + 16]);
-    let plan = validate(&p.inputs(), &p.attrs()).unwrap();
-    assert_eq!(plan.visible(0, 1), 2000);
-    let table: Vec<u32> = plan.table.iter().map(|&v| v as u32).collect();
     let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
     let u32s = |v: &[u32]| up(&Tensor::from_u32(&[v.len()], v));
     let rows = plan.rows * plan.n2;
     let zeros = |dt: DType, n: usize| GpuTensor::filled(&ctx, "t", dt, &[n], 0).unwrap();
     let (q, k, v) = (up(&p.query), up(&p.key), up(&p.value));
-    let out = zeros(DType::BF16, plan.rows * plan.n1 * plan.dv);
+    let out = zeros(dt, plan.rows * plan.n1 * plan.dv);
     let topk = zeros(DType::I32, rows * plan.k);
     let psum = zeros(DType::F32, rows * plan.c_max);
     let scores = zeros(DType::F32, rows * plan.w);
     let count = zeros(DType::I32, rows);
     let scratch = zeros(DType::F32, scratch_words(&plan.params()) as usize);
-    let with_entry = |col: usize| {
-        let mut t = table.clone();
-        t[col] = plan.num_blocks as u32 + 5;
-        t
-    };
-    let mut long = plan.lens();
-    long[1] = plan.c_max as u32 + 3;
-    for (tab, lens, needle) in [
-        (table.clone(), plan.lens(), None),
-        (
-            with_entry(2600 / 128),
-            plan.lens(),
-            Some("page-table entry"),
-        ),
-        (
-            with_entry(2999 / 128),
-            plan.lens(),
-            Some("page-table entry"),
-        ),
-        (table.clone(), long, Some("NSA")),
-    ] {
+    for (tab, lens, needle) in cases {
         let (tab, lens, flags) = (u32s(&tab), u32s(&lens), flag_word(&ctx).unwrap());
         let bufs = NsaAttnBuffers {
             query: &q.buffer,
@@ -395,7 +273,7 @@ fn bad_entries_past_the_first_split_raise_flags() {
         pollster::block_on(encode_nsa_compress_attention(
             &ctx,
             &mut enc,
-            DType::BF16,
+            dt,
             &plan.params(),
             &bufs,
         ))
@@ -413,4 +291,44 @@ fn bad_entries_past_the_first_split_raise_flags() {
             (n, other) => panic!("expected {n:?}, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn bad_entries_past_the_first_split_raise_flags() {
+    // The GPU works in splits of the compressed tokens; a bad block-table entry that only a
+    // later split reads (token 2600 of 3000), or that no visible token reads (the causal rows
+    // see 2000 tokens), must still raise the page flag, as must a length past the plan's.
+    let mut rng = Rng::new(2600);
+    let mut geo = tiny(DType::BF16, 4, 2, 4, true);
+    (geo.dqk, geo.dv, geo.page) = (16, 8, 128);
+    let p = Problem::new(&mut rng, geo, &[2], &[3000], &[2000 * 16 + 16]);
+    let plan = validate(&p.inputs(), &p.attrs()).unwrap();
+    assert_eq!(plan.visible(0, 1), 2000);
+    let table = plan.table_words();
+    let with_entry = |col: usize| {
+        let mut t = table.clone();
+        t[col] = plan.num_blocks as u32 + 5;
+        t
+    };
+    let mut long = plan.lens();
+    long[1] = plan.c_max as u32 + 3;
+    expect_flags(
+        &p,
+        &plan,
+        DType::BF16,
+        vec![
+            (table.clone(), plan.lens(), None),
+            (
+                with_entry(2600 / 128),
+                plan.lens(),
+                Some("page-table entry"),
+            ),
+            (
+                with_entry(2999 / 128),
+                plan.lens(),
+                Some("page-table entry"),
+            ),
+            (table.clone(), long, Some("NSA")),
+        ],
+    );
 }

@@ -356,7 +356,7 @@ pub async fn gpu(
     let query = up("query", x.query)?;
     let key = up("key", x.key)?;
     let value = up("value", x.value)?;
-    let table: Vec<u32> = p.table.iter().map(|&v| v as u32).collect();
+    let table = p.table_words();
     let table = up("block_table", &Tensor::from_u32(&[table.len()], &table))?;
     let lens = p.lens();
     let lens = up("lens", &Tensor::from_u32(&[lens.len()], &lens))?;

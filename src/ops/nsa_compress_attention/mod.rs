@@ -257,6 +257,11 @@ impl Plan {
         }
     }
 
+    /// The block table as the shaders read it: `[B, max_blocks]` u32.
+    pub fn table_words(&self) -> Vec<u32> {
+        self.table.iter().map(|&v| v as u32).collect()
+    }
+
     /// The shader's `[4·B + 1]` lengths buffer: q_len, cmp_kv_len, sel_kv_len, q_start.
     pub fn lens(&self) -> Vec<u32> {
         [&self.q_len, &self.cmp_len, &self.sel_len, &self.q_start]

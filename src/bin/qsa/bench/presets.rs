@@ -278,7 +278,7 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
     let prm = p.params();
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, name, t);
     let (gq, gk, gv) = (up("q", &query)?, up("k", &key)?, up("v", &value)?);
-    let tab: Vec<u32> = p.table.iter().map(|&v| v as u32).collect();
+    let tab = p.table_words();
     let gt = up("table", &Tensor::from_u32(&[tab.len()], &tab))?;
     let lens = p.lens();
     let gl = up("lens", &Tensor::from_u32(&[lens.len()], &lens))?;
