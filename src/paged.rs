@@ -189,6 +189,35 @@ impl PagedPool {
         self.tables.len() - 1
     }
 
+    /// [`PagedPool::add_sequence`] for a layer of at most `max_seqs` live sequences: past
+    /// that, an input error of operator `op`.
+    pub fn add_sequence_within(&mut self, op: &'static str, max_seqs: usize) -> Result<usize> {
+        let live = self.tables.iter().filter(|t| t.is_some()).count();
+        if live >= max_seqs {
+            return Err(Error::input(
+                op,
+                "sequences",
+                format!("already {live} of max_seqs {max_seqs}"),
+            ));
+        }
+        Ok(self.add_sequence())
+    }
+
+    /// Checks that a step of operator `op` gives one new-token count per slot (`counts`).
+    pub fn check_step_counts(&self, op: &'static str, counts: usize) -> Result<()> {
+        let slots = self.tables.len();
+        if counts != slots {
+            return Err(Error::input(
+                op,
+                "new_tokens",
+                format!(
+                    "a step takes one count per slot (0 for a free slot): got {counts} for {slots} slots"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Returns a sequence's pages to the free list.
     pub fn free_sequence(&mut self, seq: usize) {
         if let Some(pages) = self.tables.get_mut(seq).and_then(|t| t.take()) {

@@ -291,15 +291,7 @@ impl QsaIndexer {
 
     /// Starts a sequence in the lowest free slot; returns the slot.
     pub fn add_sequence(&mut self) -> Result<usize> {
-        let live = self.pool.tables.iter().filter(|t| t.is_some()).count();
-        if live >= self.cfg.max_seqs {
-            return Err(Error::input(
-                OP,
-                "sequences",
-                format!("already {live} of max_seqs {}", self.cfg.max_seqs),
-            ));
-        }
-        Ok(self.pool.add_sequence())
+        self.pool.add_sequence_within(OP, self.cfg.max_seqs)
     }
 
     /// Ends the sequence in `slot`: its pages go back to the pool and the slot can be reused.
@@ -417,16 +409,7 @@ impl QsaIndexer {
     /// batch entry per slot.
     fn step_tensors(&self, new_tokens: &[usize]) -> Result<StepTensors> {
         let slots = self.slot_count();
-        if new_tokens.len() != slots {
-            return Err(Error::input(
-                OP,
-                "new_tokens",
-                format!(
-                    "a step takes one count per slot (0 for a free slot): got {} for {slots} slots",
-                    new_tokens.len()
-                ),
-            ));
-        }
+        self.pool.check_step_counts(OP, new_tokens.len())?;
         let mut offsets = vec![0u32];
         let mut cache = Vec::new();
         let mut positions = Vec::new();

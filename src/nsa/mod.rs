@@ -139,15 +139,7 @@ impl NsaSelector {
 
     /// Starts a sequence in the lowest free slot; returns the slot.
     pub fn add_sequence(&mut self) -> Result<usize> {
-        let live = self.pool.tables.iter().filter(|t| t.is_some()).count();
-        if live >= self.cfg.max_seqs {
-            return Err(Error::input(
-                OP,
-                "sequences",
-                format!("already {live} of max_seqs {}", self.cfg.max_seqs),
-            ));
-        }
-        let s = self.pool.add_sequence();
+        let s = self.pool.add_sequence_within(OP, self.cfg.max_seqs)?;
         if s == self.cmp_tables.len() {
             self.cmp_tables.push(Some(Vec::new()));
         } else {

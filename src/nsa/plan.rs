@@ -61,17 +61,7 @@ impl NsaSelector {
     /// The plan of a step over the appended tokens: `new_tokens` holds one count per slot (0
     /// for a free slot or a sequence with nothing new).
     pub(crate) fn plan(&self, new_tokens: &[usize]) -> Result<StepPlan> {
-        let slots = self.slot_count();
-        if new_tokens.len() != slots {
-            return Err(Error::input(
-                OP,
-                "new_tokens",
-                format!(
-                    "a step takes one count per slot (0 for a free slot): got {} for {slots} slots",
-                    new_tokens.len()
-                ),
-            ));
-        }
+        self.pool.check_step_counts(OP, new_tokens.len())?;
         let c = &self.cfg;
         let (mp, mc) = (c.max_pages(), c.max_cmp_blocks());
         let mut p = StepPlan {
