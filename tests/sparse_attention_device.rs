@@ -210,7 +210,7 @@ fn llvmpipe_loop_budget() {
     wide.splits = 1;
     assert!(loop_iterations(&wide) > LLVMPIPE_LOOP_BUDGET);
     let ctx = util::ctx();
-    if !format!("{} {}", ctx.info.name, ctx.info.driver).contains("llvmpipe") {
+    if !ctx.caps.llvmpipe {
         eprintln!("not llvmpipe ({}): no budget to check", ctx.describe());
         return;
     }

@@ -34,6 +34,9 @@ pub struct Capabilities {
     /// The subgroup size when subgroups are enabled and the adapter reports one fixed size
     /// (lavapipe: 8 lanes at 256-bit SIMD), which subgroup variants are specialised for.
     pub subgroup_size: Option<u32>,
+    /// Mesa's llvmpipe (behind lavapipe and its GL), which ends every loop of an invocation
+    /// after 65535 iterations: operators refuse sizes that could reach that.
+    pub llvmpipe: bool,
 }
 
 /// Adapter, device, queue and the pipeline cache. Cheap to share through an `Arc`.
@@ -92,6 +95,9 @@ impl Context {
             subgroups,
             timestamps: available.contains(wgpu::Features::TIMESTAMP_QUERY),
             subgroup_size: (subgroups && fixed).then_some(info.subgroup_min_size),
+            llvmpipe: format!("{} {}", info.name, info.driver)
+                .to_lowercase()
+                .contains("llvmpipe"),
         };
         let mut required = wgpu::Features::empty();
         if caps.timestamps {

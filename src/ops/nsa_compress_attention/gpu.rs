@@ -207,9 +207,8 @@ pub fn dispatch_nsa_compress_attention<'a>(
     b: &NsaAttnBuffers<'a>,
 ) -> Result<Vec<(&'static str, Dispatch<'a>)>> {
     let bad = |what: &str, msg: String| Err(Error::input(OP, what, msg));
-    let driver = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
     let (limit, budget) = (LLVMPIPE_LOOP_LIMIT, LLVMPIPE_LOOP_BUDGET);
-    if driver.contains("llvmpipe") && loop_iterations(prm) > budget {
+    if ctx.caps.llvmpipe && loop_iterations(prm) > budget {
         return bad(
             "actual_cmp_kv_len",
             format!(

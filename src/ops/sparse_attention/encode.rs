@@ -267,8 +267,7 @@ pub fn dispatch_attention<'a>(
         return Ok(Vec::new());
     };
     let prm = &first.params;
-    let d = format!("{} {}", ctx.info.name, ctx.info.driver).to_lowercase();
-    if d.contains("llvmpipe") {
+    if ctx.caps.llvmpipe {
         let (n, r) = (loop_iterations(prm), route_loop_iterations(prm));
         if n.max(r) > LLVMPIPE_LOOP_BUDGET {
             return Err(Error::input(
