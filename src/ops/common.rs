@@ -442,7 +442,7 @@ impl BindCache {
         slot: usize,
         d: Dispatch<'_>,
     ) -> Result<()> {
-        self.bind(ctx, stage, slot, &d).await?;
+        self.prepare(ctx, stage, slot, &d).await?;
         let ts = self.timer.as_mut().and_then(|t| t.writes(stage));
         self.map[&(stage, slot)]
             .bound
@@ -450,21 +450,10 @@ impl BindCache {
         Ok(())
     }
 
-    /// Builds the bind group that [`BindCache::record`] of `d` as slot `slot` of `stage` will
-    /// use, without recording anything: for a stage that alternates between variants, so that
-    /// the first switch builds nothing either.
+    /// Makes sure slot `slot` of `stage` holds a bind group for `d` (what [`BindCache::record`]
+    /// of `d` will use), recording nothing: called alone for a stage that alternates between
+    /// variants, so that the first switch builds nothing either.
     pub async fn prepare(
-        &mut self,
-        ctx: &Context,
-        stage: &'static str,
-        slot: usize,
-        d: &Dispatch<'_>,
-    ) -> Result<()> {
-        self.bind(ctx, stage, slot, d).await
-    }
-
-    /// Makes sure slot `slot` of `stage` holds a bind group for `d`.
-    async fn bind(
         &mut self,
         ctx: &Context,
         stage: &'static str,
