@@ -41,7 +41,6 @@ const TK: u32 = 64u;          // invocations
 const TILE: u32 = 256u;       // rows per tile: four per invocation in step 1
 const RT: u32 = 32u;          // rows per round of step 3
 const SHV: u32 = 864u;        // vec4s of `sh`; the host keeps hc · E8 + RT · HQ <= SHV
-const NO_ROW: u32 = 0xffffffffu;
 
 // Queries [hc, E8] (E8: E4 rounded up to even, zero-padded) at 0, then a round's weights
 // [RT, HQ] at hc · E8.

@@ -207,11 +207,6 @@ impl SparseAttentionParams {
         self.rows * self.h * self.v_dim().div_ceil(4).div_ceil(LANES as u32)
     }
 
-    /// Partial results per (row, head): splits · phases.
-    pub fn partials_per_head(&self) -> u32 {
-        self.splits * self.phases
-    }
-
     /// Head quads the shader keeps in registers (`HQ`).
     pub fn head_quads(&self) -> u32 {
         self.hc.div_ceil(4).max(1)
