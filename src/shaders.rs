@@ -64,6 +64,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/nsa_compress_attention.wgsl"),
     ),
     (
+        "nsa_compress_attention_sg.wgsl",
+        include_str!("../shaders/nsa_compress_attention_sg.wgsl"),
+    ),
+    (
         "nsa_compress_attention_values.wgsl",
         include_str!("../shaders/nsa_compress_attention_values.wgsl"),
     ),

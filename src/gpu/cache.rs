@@ -182,7 +182,7 @@ async fn build(
         log::error!("final WGSL of `{}`:\n{device_src}", key.shader);
         return Err(Error::Shader {
             name: key.shader.to_string(),
-            msg: format!("{} ({:?}): {e}", key.entry, key.constants),
+            msg: format!("{} ({:?}): {}", key.entry, key.constants, with_causes(&e)),
         });
     }
     Ok(CachedPipeline {
@@ -191,4 +191,20 @@ async fn build(
         bindings: bindings.iter().map(|b| b.0).collect(),
         workgroup_size,
     })
+}
+
+/// An error and its chain of causes on one line (wgpu puts the reason a pipeline is invalid in
+/// the causes, not in the error's own message).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        cause = c.source();
+    }
+    msg
 }

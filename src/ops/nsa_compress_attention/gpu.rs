@@ -289,8 +289,13 @@ pub fn dispatch_nsa_compress_attention<'a>(
         );
     }
     let common = [b.lens, b.block_table, b.flags];
+    let logits = if logits_subgroup_pass(ctx.caps.subgroup_size, k16) {
+        LOGITS_SG
+    } else {
+        OP
+    };
     let stages: [(&'static str, Option<bool>, [&'a wgpu::Buffer; 4]); 3] = [
-        (OP, Some(k16), [b.query, b.key, key4, b.scratch]),
+        (logits, Some(k16), [b.query, b.key, key4, b.scratch]),
         (
             "nsa_compress_attention_values",
             Some(v16),
@@ -321,6 +326,18 @@ pub fn dispatch_nsa_compress_attention<'a>(
         block_topk::dispatch_topk(ctx, sel, b.scores, b.topk, b.count)?,
     ));
     Ok(out)
+}
+
+/// The logits stage's subgroup variant (`nsa_compress_attention_sg.wgsl`).
+pub const LOGITS_SG: &str = "nsa_compress_attention_sg";
+
+/// Whether the logits stage runs its subgroup variant: on adapters whose subgroups are all
+/// 8 lanes (lavapipe at 256-bit SIMD), where K and query rows start on 16-byte boundaries
+/// (`k16`: Dqk · sizeof(T) a multiple of 16). It reads the queries once per 32 channels and
+/// hands them to every lane by `subgroupBroadcast`, where the portable kernel reads them from
+/// workgroup memory for every four channels.
+pub fn logits_subgroup_pass(size: Option<u32>, k16: bool) -> bool {
+    size == Some(8) && k16
 }
 
 /// Records the four stages of [`dispatch_nsa_compress_attention`] into `enc`, with fresh bind
