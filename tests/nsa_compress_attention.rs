@@ -2,11 +2,13 @@
 //! layouts over random geometries (ragged actual_q_len up to 16, causal mask on and off,
 //! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
 //! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows, and
-//! lengths around the GPU's split and tile sizes.
+//! lengths around the GPU's split and tile sizes; the logits stage's subgroup variant against
+//! the portable kernel.
 
 mod util;
 
-use qsa_wgpu::ops::nsa_compress_attention::{nsel, Layout};
+use qsa_wgpu::gpu::{Context, ContextOptions};
+use qsa_wgpu::ops::nsa_compress_attention::{logits_subgroup_pass, nsel, Layout};
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::DType;
 use util::nsa::{check, Geo, Problem};
@@ -323,4 +325,61 @@ fn long_cache() {
     let mut prm = validate(&p.inputs(), &p.attrs()).unwrap().params();
     (prm.c_max, prm.w, prm.page) = (1 << 20, 1 << 18, 1);
     assert!(loop_iterations(&prm) > LLVMPIPE_LOOP_BUDGET);
+}
+
+#[test]
+fn subgroup_and_portable_logits_agree() {
+    // The logits stage's subgroup variant (8-lane subgroups, 16-byte rows) and the portable
+    // kernel (subgroups disabled) on the same problems, both against the CPU: the paper's
+    // group of 16, a partial head chunk (G = 5, and G = 20: a full chunk and a partial one),
+    // Dqk not a multiple of the 32-channel query chunk, every storage type, several splits.
+    let ctx = util::ctx();
+    if !logits_subgroup_pass(ctx.caps.subgroup_size, true) {
+        eprintln!(
+            "no 8-lane subgroups on {}: the portable kernel only",
+            ctx.describe()
+        );
+        return;
+    }
+    let portable = Context::new_blocking(&ContextOptions {
+        disable_subgroups: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!logits_subgroup_pass(portable.caps.subgroup_size, true));
+    let mut rng = Rng::new(0x5b);
+    let shapes = [
+        (DType::F32, 64, 4, 192, 128, [185, 1300]),
+        (DType::BF16, 64, 4, 192, 128, [2100, 90]),
+        (DType::F16, 10, 2, 40, 16, [300, 33]),
+        (DType::F32, 20, 1, 36, 24, [77, 1030]),
+        (DType::BF16, 40, 2, 72, 8, [64, 500]),
+    ];
+    for (dt, n1, n2, dqk, dv, cmp) in shapes {
+        let geo = Geo {
+            dt,
+            layout: TND,
+            n1,
+            n2,
+            dqk,
+            dv,
+            page: 64,
+            l: 32,
+            d: 16,
+            lsel: 64,
+            k: 4,
+            causal: true,
+        };
+        assert!(
+            (dqk * dt.size()).is_multiple_of(16),
+            "{geo:?} must take the subgroup variant"
+        );
+        let sel = [cmp[0] * 16 + 16 + 1, cmp[1] * 16 + 16];
+        let name = format!("{geo:?} cmp={cmp:?}");
+        let p = Problem::new(&mut rng, geo, &[1, 3], &cmp, &sel);
+        for c in [&ctx, &portable] {
+            let what = format!("{name} subgroups={:?}", c.caps.subgroup_size);
+            check(c, &p, &what);
+        }
+    }
 }

@@ -11,8 +11,8 @@ mod validate;
 
 pub use cpu::{cpu, reference};
 pub use gpu::{
-    dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, loop_iterations,
-    scratch_words, NsaAttnBuffers, NsaCompressAttentionParams, STAGES,
+    dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, logits_subgroup_pass,
+    loop_iterations, scratch_words, NsaAttnBuffers, NsaCompressAttentionParams, STAGES,
 };
 pub use validate::validate;
 
