@@ -91,7 +91,7 @@ fn q8(e: u32, c: u32, live: bool) -> array<vec4<f32>, 2> {
 
 // The chunk of channels c0 … c0 + 31 for the 16 heads of the part (zero past nh or Dqk).
 fn load_chunk(ea: u32, eb: u32, la: bool, lb: bool, c0: u32) -> Chunk {
-    var q: Chunk;
+    var q = Chunk();
     let a0 = q8(ea, c0, la);
     let b0 = q8(eb, c0, lb);
     let a1 = q8(ea, c0 + 8u, la);

@@ -78,7 +78,7 @@ fn browser_dialect_only_enables_subgroups() {
             assert_eq!(web, naga_src, "{name}: the browser dialect differs");
         }
     }
-    assert_eq!(with, ["sparse_attention_sg"]);
+    assert_eq!(with, ["nsa_compress_attention_sg", "sparse_attention_sg"]);
 }
 
 /// WGSL makes a constant expression that evaluates to an infinity or NaN a shader-creation

@@ -1,0 +1,209 @@
+//! What the building blocks of the kernels cost on this adapter: each probe is a loop of 1024
+//! iterations in 64 workgroups of 64 invocations, timed on the wall clock (best of six
+//! dispatches), and reported in nanoseconds per invocation and iteration. docs/perf.md quotes
+//! these figures for lavapipe, where they explain the shapes of the kernels (on a GPU they
+//! are mostly far below the dispatch overhead). Run with
+//! `cargo run --release --example lane_costs`.
+
+use qsa_wgpu::gpu::{Context, ContextOptions};
+use std::time::Instant;
+
+/// Invocations × iterations of every probe (the shader's 64 × 64 × N).
+const LANE_ITERATIONS: f64 = 64.0 * 64.0 * 1024.0;
+
+/// The probes, one entry point each. `fin` stores the result only under a condition the data
+/// never meets, so that no work can be dropped and nothing is written.
+const PROBES: &str = r#"
+@group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
+var<workgroup> sh: array<vec4<f32>, 256>;
+const N: u32 = 1024u;
+
+fn fin(acc: vec4<f32>, gid: u32) {
+    if (acc.x == 1.2345 + f32(arrayLength(&src))) { dst[gid] = acc; }
+}
+
+// A dependent chain of vec4 multiply-adds: the loop itself.
+@compute @workgroup_size(64)
+fn arith(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(f32(g.x));
+    for (var i = 0u; i < N; i++) { acc = acc * 1.0001 + vec4<f32>(f32(i)); }
+    fin(acc, g.x);
+}
+
+// 16-byte loads, each invocation walking its own 768-byte rows (a K row per lane).
+@compute @workgroup_size(64)
+fn load_rows(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        acc += src[((g.x + (i / 48u) * 4096u) * 48u + i % 48u) % arrayLength(&src)];
+    }
+    fin(acc, g.x);
+}
+
+// 16-byte loads, neighbouring invocations on neighbouring words, 64 KiB further each time.
+@compute @workgroup_size(64)
+fn load_jumps(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) { acc += src[(i * 4096u + g.x) % arrayLength(&src)]; }
+    fin(acc, g.x);
+}
+
+// The same 16-byte word in every invocation (an address the loop computes).
+@compute @workgroup_size(64)
+fn load_same(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) { acc += src[i]; }
+    fin(acc, g.x);
+}
+
+// The same word of workgroup memory in every invocation.
+@compute @workgroup_size(64)
+fn workgroup_read(@builtin(global_invocation_id) g: vec3<u32>,
+                  @builtin(local_invocation_index) l: u32) {
+    sh[l] = vec4<f32>(f32(l));
+    workgroupBarrier();
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) { acc += sh[i & 255u]; }
+    fin(acc, g.x);
+}
+
+// An element of a private array chosen by the loop.
+@compute @workgroup_size(64)
+fn private_index(@builtin(global_invocation_id) g: vec3<u32>) {
+    var arr = array<vec4<f32>, 16>();
+    for (var j = 0u; j < 16u; j++) { arr[j] = vec4<f32>(f32(j + g.x)); }
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) { acc = acc * 0.5 + arr[i & 15u]; }
+    fin(acc, g.x);
+}
+
+@compute @workgroup_size(64)
+fn subgroup_add(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(f32(g.x));
+    for (var i = 0u; i < N; i++) { acc = acc * 0.5 + subgroupAdd(acc); }
+    fin(acc, g.x);
+}
+
+@compute @workgroup_size(64)
+fn subgroup_shuffle(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(f32(g.x));
+    for (var i = 0u; i < N; i++) { acc = acc * 0.5 + subgroupShuffle(acc, i & 3u); }
+    fin(acc, g.x);
+}
+
+@compute @workgroup_size(64)
+fn subgroup_shuffle_xor(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(f32(g.x));
+    for (var i = 0u; i < N; i++) { acc = acc * 0.5 + subgroupShuffleXor(acc, 1u); }
+    fin(acc, g.x);
+}
+
+@compute @workgroup_size(64)
+fn subgroup_broadcast(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(f32(g.x));
+    for (var i = 0u; i < N; i++) { acc = acc * 0.5 + subgroupBroadcast(acc, 3u); }
+    fin(acc, g.x);
+}
+"#;
+
+/// (entry point, what it measures, needs subgroups)
+const ENTRIES: &[(&str, &str, bool)] = &[
+    ("arith", "vec4 multiply-add chain (the loop)", false),
+    ("load_rows", "16-byte load, own row per invocation", false),
+    (
+        "load_jumps",
+        "16-byte load, neighbours, 64 KiB jumps",
+        false,
+    ),
+    ("load_same", "16-byte load, same address in all", false),
+    (
+        "workgroup_read",
+        "16-byte workgroup read, same in all",
+        false,
+    ),
+    ("private_index", "private array, index from the loop", false),
+    ("subgroup_add", "subgroupAdd of a vec4", true),
+    ("subgroup_shuffle", "subgroupShuffle of a vec4", true),
+    ("subgroup_shuffle_xor", "subgroupShuffleXor of a vec4", true),
+    ("subgroup_broadcast", "subgroupBroadcast of a vec4", true),
+];
+
+fn main() -> qsa_wgpu::Result<()> {
+    let ctx = Context::new_blocking(&ContextOptions::default())?;
+    println!("adapter: {}", ctx.describe());
+    let dev = &ctx.device;
+    // Subgroup probes only where the device has subgroups (the module names them all).
+    let subgroups = ctx.caps.subgroups;
+    let src = if subgroups {
+        PROBES.to_string()
+    } else {
+        PROBES
+            .split("\n@compute")
+            .filter(|part| !part.contains("subgroup"))
+            .collect::<Vec<_>>()
+            .join("\n@compute")
+    };
+    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("lane_costs"),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let size = 64u64 << 20;
+    let buffer = |label| {
+        dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    };
+    let (src_buf, dst_buf) = (buffer("lane_costs.src"), buffer("lane_costs.dst"));
+    println!("{:<22} {:<42} {:>8}", "probe", "what", "ns");
+    for &(entry, what, needs_subgroups) in ENTRIES {
+        if needs_subgroups && !subgroups {
+            println!("{entry:<22} {what:<42} {:>8}", "-");
+            continue;
+        }
+        let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: src_buf.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: dst_buf.as_entire_binding(),
+                },
+            ],
+        });
+        let mut best = f64::INFINITY;
+        for _ in 0..6 {
+            let mut enc = dev.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                pass.dispatch_workgroups(64, 1, 1);
+            }
+            let t0 = Instant::now();
+            ctx.queue.submit([enc.finish()]);
+            ctx.wait()?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!(
+            "{entry:<22} {what:<42} {:>8.2}",
+            best * 1e9 / LANE_ITERATIONS
+        );
+    }
+    Ok(())
+}
