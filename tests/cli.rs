@@ -153,3 +153,46 @@ fn info_lists_adapter_and_limits() {
         "{s}"
     );
 }
+
+#[test]
+fn bench_runs_the_peer_before_each_preset() {
+    // A stand-in peer (a shell script in the peer's command-line and JSON shape) that logs
+    // its presets: `qsa bench --peer` runs it once per preset, just before our runs of that
+    // preset, and divides our wall median by its median.
+    let script = tmp("peer.sh");
+    let log = tmp("peer.log");
+    let _ = std::fs::remove_file(&log);
+    std::fs::write(
+        &script,
+        format!(
+            "while [ $# -gt 0 ]; do\n  if [ \"$1\" = --preset ]; then\n    echo \"$2\" >> '{}'\n    echo \"{{\\\"preset\\\": \\\"$2\\\", \\\"median_ms\\\": 1000.0}}\"\n    shift\n  fi\n  shift\ndone\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
+        .args(["bench", "--preset", "nsa-decode", "--preset"])
+        .arg("qsa-attention-decode-128k")
+        .args(["--dtype", "bf16", "--runs", "1", "--json", "--python", "sh"])
+        .arg("--peer")
+        .arg(&script)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(calls, "nsa-decode\nqsa-attention-decode-128k\n");
+    // Progress: each preset's peer run comes before its own runs and after the previous one's.
+    let at = |s: &str| err.find(s).unwrap_or_else(|| panic!("no {s:?} in {err}"));
+    assert!(at("nsa-decode: peer") < at("nsa-decode bf16: setting up"));
+    assert!(at("nsa-decode bf16: wall median") < at("qsa-attention-decode-128k: peer"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results {
+        assert_eq!(r["peer_median_ms"].as_f64(), Some(1000.0), "{r}");
+        let ratio = r["ratio"].as_f64().unwrap();
+        let wall = r["wall_median_ms"].as_f64().unwrap();
+        assert!((ratio - wall / 1000.0).abs() < 1e-12, "{r}");
+    }
+}

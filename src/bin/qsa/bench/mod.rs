@@ -6,7 +6,8 @@
 //! the step's floor on this adapter: its bytes at the adapter's read bandwidth or its FLOPs at
 //! its multiply-add throughput, whichever is longer (all three rooflines measured in the same
 //! run). A table on stdout, `--json` for machines, `--svg` for a chart.
-//! `--peer` runs the PyTorch peer in the same run and reports our time over its median.
+//! `--peer` runs the PyTorch peer in the same run, each preset just before ours, and reports
+//! our time over its median.
 
 mod presets;
 mod report;
@@ -123,16 +124,6 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         disable_subgroups: args.no_subgroups,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
-    let peer = match &args.peer {
-        Some(script) => {
-            eprintln!(
-                "peer: {} {script} ({} runs per preset) …",
-                args.python, args.runs
-            );
-            Some(report::run_peer(&args.python, script, &presets, args.runs)?)
-        }
-        None => None,
-    };
     let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;
     eprintln!(
         "rooflines ({}): copy {:.2} GB/s (read + write), read {:.2} GB/s, f32 multiply-add {:.1} GFLOP/s",
@@ -144,6 +135,21 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     let mut all = Vec::new();
     let total = presets.len() * dtypes.len();
     for (i, p) in presets.iter().enumerate() {
+        // The peer runs each preset just before ours, so that both see the machine in the same
+        // state (on a shared VM its speed drifts over minutes).
+        let peer = match &args.peer {
+            Some(script) => {
+                eprintln!(
+                    "[{}/{total}] {p}: peer {} {script} ({} runs) …",
+                    i * dtypes.len() + 1,
+                    args.python,
+                    args.runs
+                );
+                let one = std::slice::from_ref(p);
+                Some(report::run_peer(&args.python, script, one, args.runs)?)
+            }
+            None => None,
+        };
         for (j, &dt) in dtypes.iter().enumerate() {
             eprintln!(
                 "[{}/{total}] {p} {dt}: setting up …",

@@ -6,7 +6,7 @@ use qsa_wgpu::{Error, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-/// Runs the PyTorch peer script once for all presets; returns its median ms per preset.
+/// Runs the PyTorch peer script once for `presets`; returns its median ms per preset.
 pub fn run_peer(
     python: &str,
     script: &str,
