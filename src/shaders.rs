@@ -72,6 +72,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/nsa_compress_attention_values.wgsl"),
     ),
     (
+        "nsa_compress_attention_values_sg.wgsl",
+        include_str!("../shaders/nsa_compress_attention_values_sg.wgsl"),
+    ),
+    (
         "nsa_compress_attention_finish.wgsl",
         include_str!("../shaders/nsa_compress_attention_finish.wgsl"),
     ),

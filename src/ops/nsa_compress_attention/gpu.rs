@@ -294,10 +294,15 @@ pub fn dispatch_nsa_compress_attention<'a>(
     } else {
         OP
     };
+    let values = if values_subgroup_pass(ctx.caps.subgroup_size, v16, prm.dv) {
+        VALUES_SG
+    } else {
+        "nsa_compress_attention_values"
+    };
     let stages: [(&'static str, Option<bool>, [&'a wgpu::Buffer; 4]); 3] = [
         (logits, Some(k16), [b.query, b.key, key4, b.scratch]),
         (
-            "nsa_compress_attention_values",
+            values,
             Some(v16),
             [b.value, value4, b.scratch, b.psum],
         ),
@@ -338,6 +343,19 @@ pub const LOGITS_SG: &str = "nsa_compress_attention_sg";
 /// workgroup memory for every four channels.
 pub fn logits_subgroup_pass(size: Option<u32>, k16: bool) -> bool {
     size == Some(8) && k16
+}
+
+/// The values stage's subgroup variant (`nsa_compress_attention_values_sg.wgsl`).
+pub const VALUES_SG: &str = "nsa_compress_attention_values_sg";
+
+/// Whether the values stage runs its subgroup variant: on adapters whose subgroups are all 8
+/// lanes, where V rows start on 16-byte boundaries (`v16`) and Dv takes 8 channel tiles of 16
+/// (113 ≤ Dv ≤ 128), so that the 8 lanes of a subgroup cover a V row and its 8 subgroups are
+/// the portable kernel's 8 parts. Its lanes read eight tokens' probabilities at once and hand
+/// them on by `subgroupShuffle`, where the portable kernel has every invocation read every
+/// token's from workgroup memory.
+pub fn values_subgroup_pass(size: Option<u32>, v16: bool, dv: u32) -> bool {
+    size == Some(8) && v16 && dv.div_ceil(16) == 8
 }
 
 /// Records the four stages of [`dispatch_nsa_compress_attention`] into `enc`, with fresh bind
