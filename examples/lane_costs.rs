@@ -41,6 +41,27 @@ fn load_rows(@builtin(global_invocation_id) g: vec3<u32>) {
     fin(acc, g.x);
 }
 
+// 4-byte loads, each invocation walking its own 768-byte rows.
+@compute @workgroup_size(64)
+fn load_rows_4b(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        acc.x += src[((g.x + (i / 48u) * 4096u) * 48u + i % 48u) % arrayLength(&src)].x;
+    }
+    fin(acc, g.x);
+}
+
+// Two neighbouring 16-byte loads per iteration (32 bytes), own rows.
+@compute @workgroup_size(64)
+fn load_rows_32b(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        let w = ((g.x + (i / 24u) * 4096u) * 48u + 2u * (i % 24u)) % arrayLength(&src);
+        acc += src[w] + src[w + 1u];
+    }
+    fin(acc, g.x);
+}
+
 // 16-byte loads, neighbouring invocations on neighbouring words, 64 KiB further each time.
 @compute @workgroup_size(64)
 fn load_jumps(@builtin(global_invocation_id) g: vec3<u32>) {
@@ -111,6 +132,12 @@ fn subgroup_broadcast(@builtin(global_invocation_id) g: vec3<u32>) {
 const ENTRIES: &[(&str, &str, bool)] = &[
     ("arith", "vec4 multiply-add chain (the loop)", false),
     ("load_rows", "16-byte load, own row per invocation", false),
+    ("load_rows_4b", "4-byte load, own row per invocation", false),
+    (
+        "load_rows_32b",
+        "two neighbouring 16-byte loads, own rows",
+        false,
+    ),
     (
         "load_jumps",
         "16-byte load, neighbours, 64 KiB jumps",

@@ -15,25 +15,22 @@
 //#include common/flags.wgsl
 //#include common/nsa_attention.wgsl
 
-@group(0) @binding(4) var<storage, read> value: array<u32>;         // [num_blocks, page, N2·Dv] T
+@group(0) @binding(4) var<storage, read> value: array<u32>;         // [num_blocks, page, N2·Dv] T (read through value4 here)
 @group(0) @binding(5) var<storage, read> value4: array<vec4<u32>>;  // the same, 16 bytes a load (or a dummy)
 @group(0) @binding(6) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 @group(0) @binding(7) var<storage, read_write> psum: array<f32>;    // [R·N2, c_max] f32
 
 const TILE: u32 = 128u;
 
-// 1: the V rows start on 16-byte boundaries (Dv·sizeof(T) a multiple of 16) and value4 is
-// bound to the value buffer; 0: value4 is a dummy. A specialisation constant: one inner loop
-// per pipeline.
-override BY16: u32 = 0u;
+// As in nsa_compress_attention_values.wgsl; this variant runs only where it is 1 (V read 16
+// bytes at a time through value4).
+override BY16: u32 = 1u;
 
 var<workgroup> pt: array<mat4x4<f32>, TILE>;  // round_T(P) of the tile's tokens, by head
 // bf16 (exact in half the loads): pb[2jj + h / 8][(h % 8) / 2] holds heads h, h + 1 (h even).
 var<workgroup> pb: array<vec4<u32>, 2u * TILE>;
 var<workgroup> vrow: array<u32, TILE>;        // element offset of each token's V row
 var<workgroup> hstat: array<vec4<f32>, 8>;    // each head's max (quads 0 … 3), then sum
-
-fn ld_v(i: u32) -> f32 { return t_load(value[t_word(i)], i); }
 
 // bf16 bits of a quad, packed in pairs.
 fn bf16_pairs(v: vec4<f32>) -> vec2<u32> {
@@ -55,13 +52,6 @@ fn probs(x: vec4<f32>, i: u32, h0: u32, g: u32) -> vec4<f32> {
     let p = exp(x - hstat[i]) / hstat[4u + i];
     let h = vec4<u32>(h0 + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
     return select(vec4<f32>(0.0), p, h < vec4<u32>(g));
-}
-
-// Four channels from element e on, each clamped to the row's last channel.
-fn ld_v4(vb: u32, e: u32) -> vec4<f32> {
-    let last = P.dv - 1u;
-    return vec4<f32>(ld_v(vb + min(e, last)), ld_v(vb + min(e + 1u, last)),
-                     ld_v(vb + min(e + 2u, last)), ld_v(vb + min(e + 3u, last)));
 }
 
 // Accumulated values of channel ch (if it exists) for the chunk's nq quads.
@@ -183,49 +173,44 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     }
                     let vl = vrow[mine];
                     for (var k = 0u; k < min(8u, end - jj0); k++) {
-                    let p = mat4x4<f32>(subgroupShuffle(pl[0], k), subgroupShuffle(pl[1], k),
-                                        subgroupShuffle(pl[2], k), subgroupShuffle(pl[3], k));
-                    let vb = subgroupShuffle(vl, k);
-                    var v0 = vec4<f32>();
-                    var v1 = vec4<f32>();
-                    var v2 = vec4<f32>();
-                    var v3 = vec4<f32>();
-                    if (BY16 == 1u && T_KIND == 0u) {
-                        let last = P.dv - 4u;
-                        v0 = bitcast<vec4<f32>>(value4[(vb + min(cb, last)) / 4u]);
-                        v1 = bitcast<vec4<f32>>(value4[(vb + min(cb + 4u, last)) / 4u]);
-                        v2 = bitcast<vec4<f32>>(value4[(vb + min(cb + 8u, last)) / 4u]);
-                        v3 = bitcast<vec4<f32>>(value4[(vb + min(cb + 12u, last)) / 4u]);
-                    } else if (BY16 == 1u) {
-                        let last = P.dv - 8u;
-                        let w0 = value4[(vb + min(cb, last)) / 8u];
-                        v0 = lo4(w0);
-                        v1 = hi4(w0);
-                        let w1 = value4[(vb + min(cb + 8u, last)) / 8u];
-                        v2 = lo4(w1);
-                        v3 = hi4(w1);
-                    } else {
-                        v0 = ld_v4(vb, cb);
-                        v1 = ld_v4(vb, cb + 4u);
-                        v2 = ld_v4(vb, cb + 8u);
-                        v3 = ld_v4(vb, cb + 12u);
-                    }
-                    a0 += p * v0.x;
-                    a1 += p * v0.y;
-                    a2 += p * v0.z;
-                    a3 += p * v0.w;
-                    a4 += p * v1.x;
-                    a5 += p * v1.y;
-                    a6 += p * v1.z;
-                    a7 += p * v1.w;
-                    a8 += p * v2.x;
-                    a9 += p * v2.y;
-                    a10 += p * v2.z;
-                    a11 += p * v2.w;
-                    a12 += p * v3.x;
-                    a13 += p * v3.y;
-                    a14 += p * v3.z;
-                    a15 += p * v3.w;
+                        let p = mat4x4<f32>(subgroupShuffle(pl[0], k), subgroupShuffle(pl[1], k),
+                                            subgroupShuffle(pl[2], k), subgroupShuffle(pl[3], k));
+                        let vb = subgroupShuffle(vl, k);
+                        var v0 = vec4<f32>();
+                        var v1 = vec4<f32>();
+                        var v2 = vec4<f32>();
+                        var v3 = vec4<f32>();
+                        if (T_KIND == 0u) {
+                            let last = P.dv - 4u;
+                            v0 = bitcast<vec4<f32>>(value4[(vb + min(cb, last)) / 4u]);
+                            v1 = bitcast<vec4<f32>>(value4[(vb + min(cb + 4u, last)) / 4u]);
+                            v2 = bitcast<vec4<f32>>(value4[(vb + min(cb + 8u, last)) / 4u]);
+                            v3 = bitcast<vec4<f32>>(value4[(vb + min(cb + 12u, last)) / 4u]);
+                        } else {
+                            let last = P.dv - 8u;
+                            let w0 = value4[(vb + min(cb, last)) / 8u];
+                            v0 = lo4(w0);
+                            v1 = hi4(w0);
+                            let w1 = value4[(vb + min(cb + 8u, last)) / 8u];
+                            v2 = lo4(w1);
+                            v3 = hi4(w1);
+                        }
+                        a0 += p * v0.x;
+                        a1 += p * v0.y;
+                        a2 += p * v0.z;
+                        a3 += p * v0.w;
+                        a4 += p * v1.x;
+                        a5 += p * v1.y;
+                        a6 += p * v1.z;
+                        a7 += p * v1.w;
+                        a8 += p * v2.x;
+                        a9 += p * v2.y;
+                        a10 += p * v2.z;
+                        a11 += p * v2.w;
+                        a12 += p * v3.x;
+                        a13 += p * v3.y;
+                        a14 += p * v3.z;
+                        a15 += p * v3.w;
                     }
                 }
             }

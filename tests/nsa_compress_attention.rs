@@ -2,13 +2,15 @@
 //! layouts over random geometries (ragged actual_q_len up to 16, causal mask on and off,
 //! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
 //! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows, and
-//! lengths around the GPU's split and tile sizes; the logits stage's subgroup variant against
-//! the portable kernel.
+//! lengths around the GPU's split and tile sizes; the subgroup variants of the logits and values
+//! stages against the portable kernels.
 
 mod util;
 
 use qsa_wgpu::gpu::{Context, ContextOptions};
-use qsa_wgpu::ops::nsa_compress_attention::{logits_subgroup_pass, nsel, Layout};
+use qsa_wgpu::ops::nsa_compress_attention::{
+    logits_subgroup_pass, nsel, values_subgroup_pass, Layout,
+};
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::DType;
 use util::nsa::{check, Geo, Problem};
@@ -328,15 +330,16 @@ fn long_cache() {
 }
 
 #[test]
-fn subgroup_and_portable_logits_agree() {
-    // The logits stage's subgroup variant (8-lane subgroups, 16-byte rows) and the portable
-    // kernel (subgroups disabled) on the same problems, both against the CPU: the paper's
-    // group of 16, a partial head chunk (G = 5, and G = 20: a full chunk and a partial one),
-    // Dqk not a multiple of the 32-channel query chunk, every storage type, several splits.
+fn subgroup_and_portable_kernels_agree() {
+    // The logits and values stages' subgroup variants (8-lane subgroups, 16-byte rows; values:
+    // Dv of 8 channel tiles) and the portable kernels (subgroups disabled) on the same
+    // problems, both against the CPU: the paper's group of 16, a partial head chunk (G = 5, and
+    // G = 20: a full chunk and a partial one), Dqk not a multiple of the 32-channel query
+    // chunk, Dv = 120 (a last channel tile of 8), every storage type, several splits.
     let ctx = util::ctx();
     if !logits_subgroup_pass(ctx.caps.subgroup_size, true) {
         eprintln!(
-            "no 8-lane subgroups on {}: the portable kernel only",
+            "no 8-lane subgroups on {}: the portable kernels only",
             ctx.describe()
         );
         return;
@@ -347,6 +350,11 @@ fn subgroup_and_portable_logits_agree() {
     })
     .unwrap();
     assert!(!logits_subgroup_pass(portable.caps.subgroup_size, true));
+    assert!(!values_subgroup_pass(
+        portable.caps.subgroup_size,
+        true,
+        128
+    ));
     let mut rng = Rng::new(0x5b);
     let shapes = [
         (DType::F32, 64, 4, 192, 128, [185, 1300]),
@@ -354,7 +362,10 @@ fn subgroup_and_portable_logits_agree() {
         (DType::F16, 10, 2, 40, 16, [300, 33]),
         (DType::F32, 20, 1, 36, 24, [77, 1030]),
         (DType::BF16, 40, 2, 72, 8, [64, 500]),
+        (DType::F32, 24, 2, 64, 120, [1500, 70]),
+        (DType::BF16, 16, 1, 48, 120, [2300, 40]),
     ];
+    let mut values_variant = 0;
     for (dt, n1, n2, dqk, dv, cmp) in shapes {
         let geo = Geo {
             dt,
@@ -372,8 +383,12 @@ fn subgroup_and_portable_logits_agree() {
         };
         assert!(
             (dqk * dt.size()).is_multiple_of(16),
-            "{geo:?} must take the subgroup variant"
+            "{geo:?} must take the logits variant"
         );
+        let v16 = (dv * dt.size()).is_multiple_of(16);
+        if values_subgroup_pass(ctx.caps.subgroup_size, v16, dv as u32) {
+            values_variant += 1;
+        }
         let sel = [cmp[0] * 16 + 16 + 1, cmp[1] * 16 + 16];
         let name = format!("{geo:?} cmp={cmp:?}");
         let p = Problem::new(&mut rng, geo, &[1, 3], &cmp, &sel);
@@ -382,4 +397,5 @@ fn subgroup_and_portable_logits_agree() {
             check(c, &p, &what);
         }
     }
+    assert_eq!(values_variant, 4, "shapes that take the values variant");
 }

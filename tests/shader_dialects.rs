@@ -78,7 +78,14 @@ fn browser_dialect_only_enables_subgroups() {
             assert_eq!(web, naga_src, "{name}: the browser dialect differs");
         }
     }
-    assert_eq!(with, ["nsa_compress_attention_sg", "sparse_attention_sg"]);
+    assert_eq!(
+        with,
+        [
+            "nsa_compress_attention_sg",
+            "nsa_compress_attention_values_sg",
+            "sparse_attention_sg"
+        ]
+    );
 }
 
 /// WGSL makes a constant expression that evaluates to an infinity or NaN a shader-creation

@@ -301,11 +301,7 @@ pub fn dispatch_nsa_compress_attention<'a>(
     };
     let stages: [(&'static str, Option<bool>, [&'a wgpu::Buffer; 4]); 3] = [
         (logits, Some(k16), [b.query, b.key, key4, b.scratch]),
-        (
-            values,
-            Some(v16),
-            [b.value, value4, b.scratch, b.psum],
-        ),
+        (values, Some(v16), [b.value, value4, b.scratch, b.psum]),
         (
             "nsa_compress_attention_finish",
             None,
