@@ -47,9 +47,10 @@ fn add4(acc: f32, v: vec4<f32>) -> f32 {
     return acc + v.x + v.y + v.z + v.w;
 }
 
-// Probabilities of quad i of the chunk (zero past the group's heads).
-fn probs(x: vec4<f32>, i: u32, h0: u32, g: u32) -> vec4<f32> {
-    let p = exp(x - hstat[i]) / hstat[4u + i];
+// Probabilities of quad i of the chunk from its heads' max m and sum l (zero past the group's
+// heads).
+fn probs(x: vec4<f32>, m: vec4<f32>, l: vec4<f32>, i: u32, h0: u32, g: u32) -> vec4<f32> {
+    let p = exp(x - m) / l;
     let h = vec4<u32>(h0 + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
     return select(vec4<f32>(0.0), p, h < vec4<u32>(g));
 }
@@ -110,6 +111,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             hstat[lid] = ms[0];
             hstat[4u + lid] = ms[1];
         }
+        // Into registers once per chunk (a workgroup read in the token loop is a loop over the
+        // lanes on llvmpipe).
+        workgroupBarrier();
+        let m0 = hstat[0];
+        let m1 = hstat[1];
+        let m2 = hstat[2];
+        let m3 = hstat[3];
+        let l0 = hstat[4];
+        let l1 = hstat[5];
+        let l2 = hstat[6];
+        let l3 = hstat[7];
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
@@ -134,10 +146,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 let j = t0 + jj;
                 let xa = logits_at(rk) + j * quads() + hc * 4u;
                 var p = mat4x4<f32>();
-                p[0] = probs(scratch[xa], 0u, h0, g);
-                if (nq > 1u) { p[1] = probs(scratch[xa + 1u], 1u, h0, g); }
-                if (nq > 2u) { p[2] = probs(scratch[xa + 2u], 2u, h0, g); }
-                if (nq > 3u) { p[3] = probs(scratch[xa + 3u], 3u, h0, g); }
+                p[0] = probs(scratch[xa], m0, l0, 0u, h0, g);
+                if (nq > 1u) { p[1] = probs(scratch[xa + 1u], m1, l1, 1u, h0, g); }
+                if (nq > 2u) { p[2] = probs(scratch[xa + 2u], m2, l2, 2u, h0, g); }
+                if (nq > 3u) { p[3] = probs(scratch[xa + 3u], m3, l3, 3u, h0, g); }
                 // The group's sum of P, in head order.
                 let sum = add4(add4(add4(add4(0.0, p[0]), p[1]), p[2]), p[3]);
                 if (hc == 0u) {
