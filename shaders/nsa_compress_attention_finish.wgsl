@@ -50,18 +50,37 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let nq = quads();
     let at = partial_at(row);
     let o0 = (row * g) * P.dv;  // out of head 0 of the group
-    for (var i = lid; i < P.dv * nq; i += WG) {
-        let ch = i / nq;
+    // Whole words where they can be: f32, or two neighbouring channels of 16-bit T when Dv is
+    // even (each word then belongs to one invocation: a plain atomicStore, where the halves
+    // of a word written by two invocations each take an atomicAnd and an atomicOr, which
+    // llvmpipe runs lane by lane).
+    let pairs = T_KIND != 0u && P.dv % 2u == 0u;
+    let per = select(1u, 2u, pairs);
+    for (var i = lid; i < P.dv / per * nq; i += WG) {
+        let ch = i / nq * per;
         let q = i % nq;
         var acc = vec4<f32>(0.0);
+        var acc1 = vec4<f32>(0.0);
         for (var p = 0u; p < nparts; p++) {
-            acc += scratch[at + p * P.dv * nq + i];
+            let e = at + p * P.dv * nq + ch * nq + q;
+            acc += scratch[e];
+            if (pairs) {
+                acc1 += scratch[e + nq];
+            }
         }
-        let h = 4u * q;
-        st_out(o0 + h * P.dv + ch, acc.x);
-        if (h + 1u < g) { st_out(o0 + (h + 1u) * P.dv + ch, acc.y); }
-        if (h + 2u < g) { st_out(o0 + (h + 2u) * P.dv + ch, acc.z); }
-        if (h + 3u < g) { st_out(o0 + (h + 3u) * P.dv + ch, acc.w); }
+        for (var x = 0u; x < 4u; x++) {
+            let h = 4u * q + x;
+            if (h < g) {
+                let e = o0 + h * P.dv + ch;
+                if (T_KIND == 0u) {
+                    atomicStore(&out[e], bitcast<u32>(acc[x]));
+                } else if (pairs) {
+                    atomicStore(&out[e >> 1u], t_bits(acc[x], 0u) | t_bits(acc1[x], 1u));
+                } else {
+                    st_out(e, acc[x]);
+                }
+            }
+        }
     }
     let score_row = row * P.w;
     if (fx[INFO_PAD] != 0u) {
