@@ -14,46 +14,17 @@
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
 //#include common/nsa_attention.wgsl
+//#include common/nsa_values.wgsl
 
 @group(0) @binding(4) var<storage, read> value: array<u32>;         // [num_blocks, page, N2·Dv] T (read through value4 here)
 @group(0) @binding(5) var<storage, read> value4: array<vec4<u32>>;  // the same, 16 bytes a load (or a dummy)
 @group(0) @binding(6) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 @group(0) @binding(7) var<storage, read_write> psum: array<f32>;    // [R·N2, c_max] f32
 
-const TILE: u32 = 128u;
-
 // As in nsa_compress_attention_values.wgsl; this variant runs only where it is 1 (V read 16
 // bytes at a time through value4).
 override BY16: u32 = 1u;
 
-var<workgroup> pt: array<mat4x4<f32>, TILE>;  // round_T(P) of the tile's tokens, by head
-// bf16 (exact in half the loads): pb[2jj + h / 8][(h % 8) / 2] holds heads h, h + 1 (h even).
-var<workgroup> pb: array<vec4<u32>, 2u * TILE>;
-var<workgroup> vrow: array<u32, TILE>;        // element offset of each token's V row
-var<workgroup> hstat: array<vec4<f32>, 8>;    // each head's max (quads 0 … 3), then sum
-
-// bf16 bits of a quad, packed in pairs.
-fn bf16_pairs(v: vec4<f32>) -> vec2<u32> {
-    return vec2<u32>(f32_to_bf16_bits(v.x) | (f32_to_bf16_bits(v.y) << 16u),
-                     f32_to_bf16_bits(v.z) | (f32_to_bf16_bits(v.w) << 16u));
-}
-
-fn t_round4(v: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(t_round(v.x), t_round(v.y), t_round(v.z), t_round(v.w));
-}
-
-// acc + v.x + v.y + v.z + v.w, in that order.
-fn add4(acc: f32, v: vec4<f32>) -> f32 {
-    return acc + v.x + v.y + v.z + v.w;
-}
-
-// Probabilities of quad i of the chunk from its heads' max m and sum l (zero past the group's
-// heads).
-fn probs(x: vec4<f32>, m: vec4<f32>, l: vec4<f32>, i: u32, h0: u32, g: u32) -> vec4<f32> {
-    let p = exp(x - m) / l;
-    let h = vec4<u32>(h0 + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
-    return select(vec4<f32>(0.0), p, h < vec4<u32>(g));
-}
 
 // Accumulated values of channel ch (if it exists) for the chunk's nq quads.
 fn store_part(a: mat4x4<f32>, ch: u32, at: u32, nq: u32) {
@@ -93,35 +64,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let nparts = parts_per_split();  // 8: one per subgroup
     let part = sub;
     let cb = sl * CT;  // first channel of this invocation
-    let ps_row = rk * P.c_max;
 
     for (var hc = 0u; hc < head_chunks(); hc++) {
-        let h0 = hc * HC;  // first head of the chunk within the group
         let nq = min(4u, quads() - hc * 4u);
-        // 1. Softmax max and sum of each head of the chunk, a quad per invocation.
-        if (lid < 4u) {
-            var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(1.0));
-            if (lid < nq) {
-                ms[1] = vec4<f32>(0.0);
-                for (var s = 0u; s < ns1; s++) {
-                    let st = stats_at(rk) + (hc * splits1() + s) * 8u + lid;
-                    ms = merge4(ms[0], ms[1], scratch[st], scratch[st + 4u]);
-                }
-            }
-            hstat[lid] = ms[0];
-            hstat[4u + lid] = ms[1];
-        }
-        // Into registers once per chunk (a workgroup read in the token loop is a loop over the
-        // lanes on llvmpipe).
-        workgroupBarrier();
-        let m0 = hstat[0];
-        let m1 = hstat[1];
-        let m2 = hstat[2];
-        let m3 = hstat[3];
-        let l0 = hstat[4];
-        let l1 = hstat[5];
-        let l2 = hstat[6];
-        let l3 = hstat[7];
+        // 1. Softmax max and sum of each head of the chunk.
+        let st = chunk_stats(lid, rk, hc, nq, ns1);
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
@@ -141,30 +88,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var t0 = lo; t0 < hi; t0 += TILE) {
             let nt = min(TILE, hi - t0);
             workgroupBarrier();
-            // 2. Probabilities of the tile's tokens; heads past the group get 0.
-            for (var jj = lid; jj < nt; jj += WG) {
-                let j = t0 + jj;
-                let xa = logits_at(rk) + j * quads() + hc * 4u;
-                var p = mat4x4<f32>();
-                p[0] = probs(scratch[xa], m0, l0, 0u, h0, g);
-                if (nq > 1u) { p[1] = probs(scratch[xa + 1u], m1, l1, 1u, h0, g); }
-                if (nq > 2u) { p[2] = probs(scratch[xa + 2u], m2, l2, 2u, h0, g); }
-                if (nq > 3u) { p[3] = probs(scratch[xa + 3u], m3, l3, 3u, h0, g); }
-                // The group's sum of P, in head order.
-                let sum = add4(add4(add4(add4(0.0, p[0]), p[1]), p[2]), p[3]);
-                if (hc == 0u) {
-                    psum[ps_row + j] = sum;
-                } else {
-                    psum[ps_row + j] += sum;
-                }
-                if (T_KIND == 2u) {
-                    pb[2u * jj] = vec4<u32>(bf16_pairs(p[0]), bf16_pairs(p[1]));
-                    pb[2u * jj + 1u] = vec4<u32>(bf16_pairs(p[2]), bf16_pairs(p[3]));
-                } else {
-                    pt[jj] = mat4x4<f32>(t_round4(p[0]), t_round4(p[1]), t_round4(p[2]), t_round4(p[3]));
-                }
-                vrow[jj] = (cache_row(b, j) * P.n2 + kv) * P.dv;
-            }
+            // 2. Probabilities of the tile's tokens.
+            tile_probs(lid, t0, nt, rk, kv, b, hc, nq, g, st);
             workgroupBarrier();
             // 3. round_T(P)·V over this subgroup's part of the tile, eight tokens at a time:
             // lane k reads token jj0 + k's P and V row offset; each token's go to every lane
@@ -175,14 +100,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 let end = min(nt, part * per + per);
                 for (var jj0 = part * per; jj0 < end; jj0 += 8u) {
                     let mine = min(jj0 + sl, end - 1u);
-                    var pl = mat4x4<f32>();
-                    if (T_KIND == 2u) {
-                        let w0 = pb[2u * mine];
-                        let w1 = pb[2u * mine + 1u];
-                        pl = mat4x4<f32>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
-                    } else {
-                        pl = pt[mine];
-                    }
+                    let pl = tile_p(mine);
                     let vl = vrow[mine];
                     for (var k = 0u; k < min(8u, end - jj0); k++) {
                         let p = mat4x4<f32>(subgroupShuffle(pl[0], k), subgroupShuffle(pl[1], k),

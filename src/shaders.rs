@@ -24,6 +24,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/nsa_attention.wgsl"),
     ),
     (
+        "common/nsa_values.wgsl",
+        include_str!("../shaders/common/nsa_values.wgsl"),
+    ),
+    (
         "common/attention.wgsl",
         include_str!("../shaders/common/attention.wgsl"),
     ),

@@ -1,0 +1,99 @@
+// Steps 1 and 2 of nsa_compress_attention's values stage (SPEC §8.1), shared by the portable
+// kernel (nsa_compress_attention_values.wgsl) and its subgroup variant (…_values_sg.wgsl),
+// which differ only in step 3. The including shader declares the `scratch` and `psum`
+// bindings.
+
+const TILE: u32 = 128u;  // tokens per tile
+
+var<workgroup> pt: array<mat4x4<f32>, TILE>;  // round_T(P) of the tile's tokens, by head
+// bf16 (exact in half the loads): pb[2jj + h / 8][(h % 8) / 2] holds heads h, h + 1 (h even).
+var<workgroup> pb: array<vec4<u32>, 2u * TILE>;
+var<workgroup> vrow: array<u32, TILE>;        // element offset of each token's V row
+var<workgroup> hstat: array<vec4<f32>, 8>;    // each head's max (quads 0 … 3), then sum
+
+// bf16 bits of a quad, packed in pairs.
+fn bf16_pairs(v: vec4<f32>) -> vec2<u32> {
+    return vec2<u32>(f32_to_bf16_bits(v.x) | (f32_to_bf16_bits(v.y) << 16u),
+                     f32_to_bf16_bits(v.z) | (f32_to_bf16_bits(v.w) << 16u));
+}
+
+fn t_round4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(t_round(v.x), t_round(v.y), t_round(v.z), t_round(v.w));
+}
+
+// acc + v.x + v.y + v.z + v.w, in that order.
+fn add4(acc: f32, v: vec4<f32>) -> f32 {
+    return acc + v.x + v.y + v.z + v.w;
+}
+
+// Probabilities of quad i of the chunk from its heads' max m and sum l (zero past the group's
+// heads).
+fn probs(x: vec4<f32>, m: vec4<f32>, l: vec4<f32>, i: u32, h0: u32, g: u32) -> vec4<f32> {
+    let p = exp(x - m) / l;
+    let h = vec4<u32>(h0 + 4u * i) + vec4<u32>(0u, 1u, 2u, 3u);
+    return select(vec4<f32>(0.0), p, h < vec4<u32>(g));
+}
+
+// Step 1: the softmax max (quads 0 … 3) and sum (4 … 7) of each head of chunk hc of (query
+// row, KV head) rk, merged from the ns1 stage-1 splits by invocations 0 … 3, then handed to
+// every invocation in registers (a workgroup read in the token loop is a loop over the lanes
+// on llvmpipe). Workgroup-uniform control flow only (a barrier).
+fn chunk_stats(lid: u32, rk: u32, hc: u32, nq: u32, ns1: u32) -> array<vec4<f32>, 8> {
+    if (lid < 4u) {
+        var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(1.0));
+        if (lid < nq) {
+            ms[1] = vec4<f32>(0.0);
+            for (var s = 0u; s < ns1; s++) {
+                let st = stats_at(rk) + (hc * splits1() + s) * 8u + lid;
+                ms = merge4(ms[0], ms[1], scratch[st], scratch[st + 4u]);
+            }
+        }
+        hstat[lid] = ms[0];
+        hstat[4u + lid] = ms[1];
+    }
+    workgroupBarrier();
+    return array<vec4<f32>, 8>(hstat[0], hstat[1], hstat[2], hstat[3], hstat[4], hstat[5],
+                               hstat[6], hstat[7]);
+}
+
+// Step 2 for the tokens t0 … t0 + nt − 1 of the tile (an invocation every WG): P of the
+// chunk's heads (0 past the group), the group's sum of P into psum (added over the chunks),
+// round_T(P) into pt (bf16: pb) and each token's V row offset into vrow. st: chunk_stats.
+fn tile_probs(lid: u32, t0: u32, nt: u32, rk: u32, kv: u32, b: u32, hc: u32, nq: u32,
+              g: u32, st: array<vec4<f32>, 8>) {
+    let h0 = hc * HC;
+    let ps_row = rk * P.c_max;
+    for (var jj = lid; jj < nt; jj += WG) {
+        let j = t0 + jj;
+        let xa = logits_at(rk) + j * quads() + hc * 4u;
+        var p = mat4x4<f32>();
+        p[0] = probs(scratch[xa], st[0], st[4], 0u, h0, g);
+        if (nq > 1u) { p[1] = probs(scratch[xa + 1u], st[1], st[5], 1u, h0, g); }
+        if (nq > 2u) { p[2] = probs(scratch[xa + 2u], st[2], st[6], 2u, h0, g); }
+        if (nq > 3u) { p[3] = probs(scratch[xa + 3u], st[3], st[7], 3u, h0, g); }
+        // The group's sum of P, in head order.
+        let sum = add4(add4(add4(add4(0.0, p[0]), p[1]), p[2]), p[3]);
+        if (hc == 0u) {
+            psum[ps_row + j] = sum;
+        } else {
+            psum[ps_row + j] += sum;
+        }
+        if (T_KIND == 2u) {
+            pb[2u * jj] = vec4<u32>(bf16_pairs(p[0]), bf16_pairs(p[1]));
+            pb[2u * jj + 1u] = vec4<u32>(bf16_pairs(p[2]), bf16_pairs(p[3]));
+        } else {
+            pt[jj] = mat4x4<f32>(t_round4(p[0]), t_round4(p[1]), t_round4(p[2]), t_round4(p[3]));
+        }
+        vrow[jj] = (cache_row(b, j) * P.n2 + kv) * P.dv;
+    }
+}
+
+// round_T(P) of tile token jj, as step 2 left it.
+fn tile_p(jj: u32) -> mat4x4<f32> {
+    if (T_KIND == 2u) {
+        let w0 = pb[2u * jj];
+        let w1 = pb[2u * jj + 1u];
+        return mat4x4<f32>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
+    }
+    return pt[jj];
+}
