@@ -18,20 +18,18 @@
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
 //#include common/nsa_attention.wgsl
+//#include common/nsa_logits.wgsl
 
 @group(0) @binding(4) var<storage, read> query: array<u32>;       // [R, N1, Dqk] T
 @group(0) @binding(5) var<storage, read> key: array<u32>;         // [num_blocks, page, N2·Dqk] T
 @group(0) @binding(6) var<storage, read> key4: array<vec4<u32>>;  // the same, 16 bytes a load (or a dummy)
 @group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 
-const DC: u32 = 128u;  // query channels staged at a time; also 2·WG slots for the reduction
-
 // 1: the K rows start on 16-byte boundaries (Dqk·sizeof(T) a multiple of 16) and key4 is
 // bound to the key buffer; 0: key4 is a dummy. A specialisation constant, so that each
 // pipeline holds one inner loop.
 override BY16: u32 = 0u;
 
-var<workgroup> qs: array<mat4x4<f32>, DC>;  // qs[c][h / 4][h % 4] = q of chunk head h, channel c
 // bf16 (exact in half the loads): qh[2c + h / 8][(h % 8) / 2] holds q of heads h, h + 1 (h even).
 var<workgroup> qh: array<vec4<u32>, 2u * DC>;
 
@@ -51,24 +49,6 @@ fn q_bf16(c: u32) -> mat4x4<f32> {
 fn acc4(a: mat4x4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32>,
         k: vec4<f32>) -> mat4x4<f32> {
     return a + q0 * k.x + q1 * k.y + q2 * k.z + q3 * k.w;
-}
-
-fn mmax(a: mat4x4<f32>, b: mat4x4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]));
-}
-fn mexp(a: mat4x4<f32>, m: mat4x4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(exp(a[0] - m[0]), exp(a[1] - m[1]), exp(a[2] - m[2]), exp(a[3] - m[3]));
-}
-
-// Logits of token j (if visible) for the chunk's nq quads, at quad `at` of the logits.
-fn store_x(x: mat4x4<f32>, j: u32, vis: u32, at: u32, nq: u32) {
-    if (j < vis) {
-        let t = at + j * quads();
-        scratch[t] = x[0];
-        if (nq > 1u) { scratch[t + 1u] = x[1]; }
-        if (nq > 2u) { scratch[t + 2u] = x[2]; }
-        if (nq > 3u) { scratch[t + 3u] = x[3]; }
-    }
 }
 
 @compute @workgroup_size(64)
@@ -271,92 +251,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
     }
 
-    // Logits of the visible tokens, then this invocation's max and sum of exp per head.
-    a0 *= P.scale;
-    a1 *= P.scale;
-    a2 *= P.scale;
-    a3 *= P.scale;
-    a4 *= P.scale;
-    a5 *= P.scale;
-    a6 *= P.scale;
-    a7 *= P.scale;
-    a8 *= P.scale;
-    a9 *= P.scale;
-    a10 *= P.scale;
-    a11 *= P.scale;
-    a12 *= P.scale;
-    a13 *= P.scale;
-    a14 *= P.scale;
-    a15 *= P.scale;
-    let rk = r * P.n2 + kv;
-    let at = logits_at(rk) + hc * 4u;
-    let nq = min(4u, quads() - hc * 4u);
-    store_x(a0, j0, vis, at, nq);
-    store_x(a1, j0 + 64u, vis, at, nq);
-    store_x(a2, j0 + 128u, vis, at, nq);
-    store_x(a3, j0 + 192u, vis, at, nq);
-    store_x(a4, j0 + 256u, vis, at, nq);
-    store_x(a5, j0 + 320u, vis, at, nq);
-    store_x(a6, j0 + 384u, vis, at, nq);
-    store_x(a7, j0 + 448u, vis, at, nq);
-    store_x(a8, j0 + 512u, vis, at, nq);
-    store_x(a9, j0 + 576u, vis, at, nq);
-    store_x(a10, j0 + 640u, vis, at, nq);
-    store_x(a11, j0 + 704u, vis, at, nq);
-    store_x(a12, j0 + 768u, vis, at, nq);
-    store_x(a13, j0 + 832u, vis, at, nq);
-    store_x(a14, j0 + 896u, vis, at, nq);
-    store_x(a15, j0 + 960u, vis, at, nq);
-    // Token 0 of the invocation is visible whenever any is; the later ones only if theirs is.
-    let ni = neg_inf();
-    var m = mat4x4<f32>(vec4<f32>(ni), vec4<f32>(ni), vec4<f32>(ni), vec4<f32>(ni));
-    var s = mat4x4<f32>();
-    if (j0 < vis) { m = a0; }
-    if (j0 + 64u < vis) { m = mmax(m, a1); }
-    if (j0 + 128u < vis) { m = mmax(m, a2); }
-    if (j0 + 192u < vis) { m = mmax(m, a3); }
-    if (j0 + 256u < vis) { m = mmax(m, a4); }
-    if (j0 + 320u < vis) { m = mmax(m, a5); }
-    if (j0 + 384u < vis) { m = mmax(m, a6); }
-    if (j0 + 448u < vis) { m = mmax(m, a7); }
-    if (j0 + 512u < vis) { m = mmax(m, a8); }
-    if (j0 + 576u < vis) { m = mmax(m, a9); }
-    if (j0 + 640u < vis) { m = mmax(m, a10); }
-    if (j0 + 704u < vis) { m = mmax(m, a11); }
-    if (j0 + 768u < vis) { m = mmax(m, a12); }
-    if (j0 + 832u < vis) { m = mmax(m, a13); }
-    if (j0 + 896u < vis) { m = mmax(m, a14); }
-    if (j0 + 960u < vis) { m = mmax(m, a15); }
-    if (j0 < vis) { s = mexp(a0, m); }
-    if (j0 + 64u < vis) { s += mexp(a1, m); }
-    if (j0 + 128u < vis) { s += mexp(a2, m); }
-    if (j0 + 192u < vis) { s += mexp(a3, m); }
-    if (j0 + 256u < vis) { s += mexp(a4, m); }
-    if (j0 + 320u < vis) { s += mexp(a5, m); }
-    if (j0 + 384u < vis) { s += mexp(a6, m); }
-    if (j0 + 448u < vis) { s += mexp(a7, m); }
-    if (j0 + 512u < vis) { s += mexp(a8, m); }
-    if (j0 + 576u < vis) { s += mexp(a9, m); }
-    if (j0 + 640u < vis) { s += mexp(a10, m); }
-    if (j0 + 704u < vis) { s += mexp(a11, m); }
-    if (j0 + 768u < vis) { s += mexp(a12, m); }
-    if (j0 + 832u < vis) { s += mexp(a13, m); }
-    if (j0 + 896u < vis) { s += mexp(a14, m); }
-    if (j0 + 960u < vis) { s += mexp(a15, m); }
-
-    // Merge the invocations in invocation order, one quad of heads each (the staging slots
-    // are free now).
-    workgroupBarrier();
-    qs[lid] = m;
-    qs[WG + lid] = s;
-    workgroupBarrier();
-    if (lid < 4u) {
-        var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-        for (var l = 0u; l < WG; l++) {
-            ms = merge4(ms[0], ms[1], qs[l][lid], qs[WG + l][lid]);
-        }
-        let st = stats_at(rk) + (hc * ns1 + s1) * 8u + lid;
-        scratch[st] = ms[0];
-        scratch[st + 4u] = ms[1];
-    }
+    finish_logits(lid, j0, vis, r * P.n2 + kv, hc, ns1, s1, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,
+                  a10, a11, a12, a13, a14, a15);
 }

@@ -20,6 +20,7 @@
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
 //#include common/nsa_attention.wgsl
+//#include common/nsa_logits.wgsl
 
 @group(0) @binding(4) var<storage, read> query4: array<vec4<u32>>;  // [R, N1, Dqk] T, 16 bytes a load
 @group(0) @binding(5) var<storage, read> key: array<u32>;           // [num_blocks, page, N2·Dqk] T (unused here)
@@ -30,9 +31,6 @@ const CC: u32 = 32u;  // query channels per chunk
 
 // As in nsa_compress_attention.wgsl; this variant runs only where it is 1.
 override BY16: u32 = 1u;
-
-// The merge of the invocations' (max, sum) pairs at the end.
-var<workgroup> red: array<mat4x4<f32>, 128>;
 
 // Channels 4s … 4s + 3 of the chunk for the 16 heads: m[4s + i][h / 4][h % 4].
 struct Chunk {
@@ -169,24 +167,6 @@ fn dots(a: mat4x4<f32>, rb: u32, c0: u32, q: Chunk) -> mat4x4<f32> {
     return r;
 }
 
-fn mmax(a: mat4x4<f32>, b: mat4x4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]));
-}
-fn mexp(a: mat4x4<f32>, m: mat4x4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(exp(a[0] - m[0]), exp(a[1] - m[1]), exp(a[2] - m[2]), exp(a[3] - m[3]));
-}
-
-// Logits of token j (if visible) for the chunk's nq quads, at quad `at` of the logits.
-fn store_x(x: mat4x4<f32>, j: u32, vis: u32, at: u32, nq: u32) {
-    if (j < vis) {
-        let t = at + j * quads();
-        scratch[t] = x[0];
-        if (nq > 1u) { scratch[t + 1u] = x[1]; }
-        if (nq > 2u) { scratch[t + 2u] = x[2]; }
-        if (nq > 3u) { scratch[t + 3u] = x[3]; }
-    }
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32,
@@ -274,90 +254,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         a15 = dots(a15, rb15, c0, q);
     }
 
-    // Logits of the visible tokens, then this invocation's max and sum of exp per head.
-    a0 *= P.scale;
-    a1 *= P.scale;
-    a2 *= P.scale;
-    a3 *= P.scale;
-    a4 *= P.scale;
-    a5 *= P.scale;
-    a6 *= P.scale;
-    a7 *= P.scale;
-    a8 *= P.scale;
-    a9 *= P.scale;
-    a10 *= P.scale;
-    a11 *= P.scale;
-    a12 *= P.scale;
-    a13 *= P.scale;
-    a14 *= P.scale;
-    a15 *= P.scale;
-    let rk = r * P.n2 + kv;
-    let at = logits_at(rk) + hc * 4u;
-    let nq = min(4u, quads() - hc * 4u);
-    store_x(a0, j0, vis, at, nq);
-    store_x(a1, j0 + 64u, vis, at, nq);
-    store_x(a2, j0 + 128u, vis, at, nq);
-    store_x(a3, j0 + 192u, vis, at, nq);
-    store_x(a4, j0 + 256u, vis, at, nq);
-    store_x(a5, j0 + 320u, vis, at, nq);
-    store_x(a6, j0 + 384u, vis, at, nq);
-    store_x(a7, j0 + 448u, vis, at, nq);
-    store_x(a8, j0 + 512u, vis, at, nq);
-    store_x(a9, j0 + 576u, vis, at, nq);
-    store_x(a10, j0 + 640u, vis, at, nq);
-    store_x(a11, j0 + 704u, vis, at, nq);
-    store_x(a12, j0 + 768u, vis, at, nq);
-    store_x(a13, j0 + 832u, vis, at, nq);
-    store_x(a14, j0 + 896u, vis, at, nq);
-    store_x(a15, j0 + 960u, vis, at, nq);
-    // Token 0 of the invocation is visible whenever any is; the later ones only if theirs is.
-    let ni = neg_inf();
-    var m = mat4x4<f32>(vec4<f32>(ni), vec4<f32>(ni), vec4<f32>(ni), vec4<f32>(ni));
-    var s = mat4x4<f32>();
-    if (j0 < vis) { m = a0; }
-    if (j0 + 64u < vis) { m = mmax(m, a1); }
-    if (j0 + 128u < vis) { m = mmax(m, a2); }
-    if (j0 + 192u < vis) { m = mmax(m, a3); }
-    if (j0 + 256u < vis) { m = mmax(m, a4); }
-    if (j0 + 320u < vis) { m = mmax(m, a5); }
-    if (j0 + 384u < vis) { m = mmax(m, a6); }
-    if (j0 + 448u < vis) { m = mmax(m, a7); }
-    if (j0 + 512u < vis) { m = mmax(m, a8); }
-    if (j0 + 576u < vis) { m = mmax(m, a9); }
-    if (j0 + 640u < vis) { m = mmax(m, a10); }
-    if (j0 + 704u < vis) { m = mmax(m, a11); }
-    if (j0 + 768u < vis) { m = mmax(m, a12); }
-    if (j0 + 832u < vis) { m = mmax(m, a13); }
-    if (j0 + 896u < vis) { m = mmax(m, a14); }
-    if (j0 + 960u < vis) { m = mmax(m, a15); }
-    if (j0 < vis) { s = mexp(a0, m); }
-    if (j0 + 64u < vis) { s += mexp(a1, m); }
-    if (j0 + 128u < vis) { s += mexp(a2, m); }
-    if (j0 + 192u < vis) { s += mexp(a3, m); }
-    if (j0 + 256u < vis) { s += mexp(a4, m); }
-    if (j0 + 320u < vis) { s += mexp(a5, m); }
-    if (j0 + 384u < vis) { s += mexp(a6, m); }
-    if (j0 + 448u < vis) { s += mexp(a7, m); }
-    if (j0 + 512u < vis) { s += mexp(a8, m); }
-    if (j0 + 576u < vis) { s += mexp(a9, m); }
-    if (j0 + 640u < vis) { s += mexp(a10, m); }
-    if (j0 + 704u < vis) { s += mexp(a11, m); }
-    if (j0 + 768u < vis) { s += mexp(a12, m); }
-    if (j0 + 832u < vis) { s += mexp(a13, m); }
-    if (j0 + 896u < vis) { s += mexp(a14, m); }
-    if (j0 + 960u < vis) { s += mexp(a15, m); }
-
-    // Merge the invocations in invocation order, one quad of heads each.
-    red[lid] = m;
-    red[WG + lid] = s;
-    workgroupBarrier();
-    if (lid < 4u) {
-        var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-        for (var l = 0u; l < WG; l++) {
-            ms = merge4(ms[0], ms[1], red[l][lid], red[WG + l][lid]);
-        }
-        let st = stats_at(rk) + (hc * ns1 + s1) * 8u + lid;
-        scratch[st] = ms[0];
-        scratch[st + 4u] = ms[1];
-    }
+    finish_logits(lid, j0, vis, r * P.n2 + kv, hc, ns1, s1, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,
+                  a10, a11, a12, a13, a14, a15);
 }

@@ -24,6 +24,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/nsa_attention.wgsl"),
     ),
     (
+        "common/nsa_logits.wgsl",
+        include_str!("../shaders/common/nsa_logits.wgsl"),
+    ),
+    (
         "common/nsa_values.wgsl",
         include_str!("../shaders/common/nsa_values.wgsl"),
     ),
