@@ -197,27 +197,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let la = sl < nh;
     let lb = sl + 8u < nh;
 
-    // Element offset of each owned token's K row; tokens past vis take the last visible row.
-    let j0 = lo + lid;
-    let last = vis - 1u;
-    let kw = P.n2 * P.dqk;
-    let off = kv * P.dqk;
-    let rb0 = cache_row(b, min(j0, last)) * kw + off;
-    let rb1 = cache_row(b, min(j0 + 64u, last)) * kw + off;
-    let rb2 = cache_row(b, min(j0 + 128u, last)) * kw + off;
-    let rb3 = cache_row(b, min(j0 + 192u, last)) * kw + off;
-    let rb4 = cache_row(b, min(j0 + 256u, last)) * kw + off;
-    let rb5 = cache_row(b, min(j0 + 320u, last)) * kw + off;
-    let rb6 = cache_row(b, min(j0 + 384u, last)) * kw + off;
-    let rb7 = cache_row(b, min(j0 + 448u, last)) * kw + off;
-    let rb8 = cache_row(b, min(j0 + 512u, last)) * kw + off;
-    let rb9 = cache_row(b, min(j0 + 576u, last)) * kw + off;
-    let rb10 = cache_row(b, min(j0 + 640u, last)) * kw + off;
-    let rb11 = cache_row(b, min(j0 + 704u, last)) * kw + off;
-    let rb12 = cache_row(b, min(j0 + 768u, last)) * kw + off;
-    let rb13 = cache_row(b, min(j0 + 832u, last)) * kw + off;
-    let rb14 = cache_row(b, min(j0 + 896u, last)) * kw + off;
-    let rb15 = cache_row(b, min(j0 + 960u, last)) * kw + off;
+    let j0 = lo + lid;  // the invocation's tokens: j0 + 64·t, t < 16
+    let rb = key_rows16(b, kv, j0, vis);
     var a0 = mat4x4<f32>();
     var a1 = mat4x4<f32>();
     var a2 = mat4x4<f32>();
@@ -236,22 +217,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var a15 = mat4x4<f32>();
     for (var c0 = 0u; c0 < P.dqk; c0 += CC) {
         let q = load_chunk(ea, eb, la, lb, c0);
-        a0 = dots(a0, rb0, c0, q);
-        a1 = dots(a1, rb1, c0, q);
-        a2 = dots(a2, rb2, c0, q);
-        a3 = dots(a3, rb3, c0, q);
-        a4 = dots(a4, rb4, c0, q);
-        a5 = dots(a5, rb5, c0, q);
-        a6 = dots(a6, rb6, c0, q);
-        a7 = dots(a7, rb7, c0, q);
-        a8 = dots(a8, rb8, c0, q);
-        a9 = dots(a9, rb9, c0, q);
-        a10 = dots(a10, rb10, c0, q);
-        a11 = dots(a11, rb11, c0, q);
-        a12 = dots(a12, rb12, c0, q);
-        a13 = dots(a13, rb13, c0, q);
-        a14 = dots(a14, rb14, c0, q);
-        a15 = dots(a15, rb15, c0, q);
+        a0 = dots(a0, rb[0], c0, q);
+        a1 = dots(a1, rb[1], c0, q);
+        a2 = dots(a2, rb[2], c0, q);
+        a3 = dots(a3, rb[3], c0, q);
+        a4 = dots(a4, rb[4], c0, q);
+        a5 = dots(a5, rb[5], c0, q);
+        a6 = dots(a6, rb[6], c0, q);
+        a7 = dots(a7, rb[7], c0, q);
+        a8 = dots(a8, rb[8], c0, q);
+        a9 = dots(a9, rb[9], c0, q);
+        a10 = dots(a10, rb[10], c0, q);
+        a11 = dots(a11, rb[11], c0, q);
+        a12 = dots(a12, rb[12], c0, q);
+        a13 = dots(a13, rb[13], c0, q);
+        a14 = dots(a14, rb[14], c0, q);
+        a15 = dots(a15, rb[15], c0, q);
     }
 
     finish_logits(lid, j0, vis, r * P.n2 + kv, hc, ns1, s1, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,

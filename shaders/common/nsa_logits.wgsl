@@ -27,6 +27,23 @@ fn store_x(x: mat4x4<f32>, j: u32, vis: u32, at: u32, nq: u32) {
     }
 }
 
+// Element offsets of the K rows (KV head kv, batch b) of an invocation's 16 tokens j0 + 64·t;
+// tokens past vis take the last visible row.
+fn key_rows16(b: u32, kv: u32, j0: u32, vis: u32) -> array<u32, 16> {
+    let last = vis - 1u;
+    let kw = P.n2 * P.dqk;
+    let off = kv * P.dqk;
+    return array<u32, 16>(
+        cache_row(b, min(j0, last)) * kw + off, cache_row(b, min(j0 + 64u, last)) * kw + off,
+        cache_row(b, min(j0 + 128u, last)) * kw + off, cache_row(b, min(j0 + 192u, last)) * kw + off,
+        cache_row(b, min(j0 + 256u, last)) * kw + off, cache_row(b, min(j0 + 320u, last)) * kw + off,
+        cache_row(b, min(j0 + 384u, last)) * kw + off, cache_row(b, min(j0 + 448u, last)) * kw + off,
+        cache_row(b, min(j0 + 512u, last)) * kw + off, cache_row(b, min(j0 + 576u, last)) * kw + off,
+        cache_row(b, min(j0 + 640u, last)) * kw + off, cache_row(b, min(j0 + 704u, last)) * kw + off,
+        cache_row(b, min(j0 + 768u, last)) * kw + off, cache_row(b, min(j0 + 832u, last)) * kw + off,
+        cache_row(b, min(j0 + 896u, last)) * kw + off, cache_row(b, min(j0 + 960u, last)) * kw + off);
+}
+
 // Workgroup-uniform control flow only (barriers). Head chunk hc of (query row, KV head) rk,
 // split s1 of ns1.
 fn finish_logits(lid: u32, j0: u32, vis: u32, rk: u32, hc: u32, ns1: u32, s1: u32,
