@@ -172,33 +172,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) sl: u32) {
     let id = wg.y * nwg.x + wg.x;
-    let g = group_size();
-    let nhc = head_chunks();
-    let ns1 = splits1();
-    if (id >= P.rows * P.n2 * nhc * ns1) {
+    if (id >= P.rows * P.n2 * head_chunks() * splits1()) {
         return;
     }
-    let s1 = id % ns1;
-    let hc = (id / ns1) % nhc;
-    let kv = (id / (ns1 * nhc)) % P.n2;
-    let r = id / (ns1 * nhc * P.n2);
-    let lo = s1 * S1;
-    let fx = row_facts(r, lid, lo, lo + S1, false);
-    let vis = fx[INFO_VIS];
-    if (fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis) {
+    let w = logits_work(id, lid);
+    if (w.skip) {
         return;
     }
-    let b = fx[INFO_B];
-    let h0 = kv * g + hc * HC;  // first query head of the chunk
-    let nh = min(HC, g - hc * HC);
+    let r = w.r;
+    let kv = w.kv;
+    let b = w.b;
+    let h0 = w.h0;
+    let nh = w.nh;
     // This lane's two query rows: heads sl and sl + 8 of the chunk.
     let ea = (r * P.n1 + h0 + min(sl, nh - 1u)) * P.dqk;
     let eb = (r * P.n1 + h0 + min(sl + 8u, nh - 1u)) * P.dqk;
     let la = sl < nh;
     let lb = sl + 8u < nh;
 
-    let j0 = lo + lid;  // the invocation's tokens: j0 + 64·t, t < 16
-    let rb = key_rows16(b, kv, j0, vis);
+    let j0 = w.lo + lid;  // the invocation's tokens: j0 + 64·t, t < 16
+    let rb = key_rows16(b, kv, j0, w.vis);
     var a0 = mat4x4<f32>();
     var a1 = mat4x4<f32>();
     var a2 = mat4x4<f32>();
@@ -235,6 +228,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         a15 = dots(a15, rb[15], c0, q);
     }
 
-    finish_logits(lid, j0, vis, r * P.n2 + kv, hc, ns1, s1, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,
-                  a10, a11, a12, a13, a14, a15);
+    finish_logits(lid, j0, w.vis, r * P.n2 + kv, w.hc, w.ns1, w.s1, a0, a1, a2, a3, a4, a5,
+                  a6, a7, a8, a9, a10, a11, a12, a13, a14, a15);
 }

@@ -27,6 +27,40 @@ fn store_x(x: mat4x4<f32>, j: u32, vis: u32, at: u32, nq: u32) {
     }
 }
 
+// The work of logits workgroup id: query row r, KV head kv, head chunk hc, split s1 of ns1
+// (tokens lo … lo + S1 − 1 of the vis visible ones), batch b, the chunk's first query head h0
+// and its nh heads; skip for a row with nothing to do (a flag raised, padding, or no visible
+// token in the split). Workgroup-uniform control flow only (row_facts).
+struct LogitsWork {
+    r: u32,
+    kv: u32,
+    hc: u32,
+    s1: u32,
+    ns1: u32,
+    lo: u32,
+    vis: u32,
+    b: u32,
+    h0: u32,
+    nh: u32,
+    skip: bool,
+}
+
+fn logits_work(id: u32, lid: u32) -> LogitsWork {
+    let g = group_size();
+    let nhc = head_chunks();
+    let ns1 = splits1();
+    let s1 = id % ns1;
+    let hc = (id / ns1) % nhc;
+    let kv = (id / (ns1 * nhc)) % P.n2;
+    let r = id / (ns1 * nhc * P.n2);
+    let lo = s1 * S1;
+    let fx = row_facts(r, lid, lo, lo + S1, false);
+    let vis = fx[INFO_VIS];
+    let skip = fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis;
+    return LogitsWork(r, kv, hc, s1, ns1, lo, vis, fx[INFO_B], kv * g + hc * HC,
+                      min(HC, g - hc * HC), skip);
+}
+
 // Element offsets of the K rows (KV head kv, batch b) of an invocation's 16 tokens j0 + 64·t;
 // tokens past vis take the last visible row.
 fn key_rows16(b: u32, kv: u32, j0: u32, vis: u32) -> array<u32, 16> {
