@@ -51,24 +51,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         @builtin(local_invocation_index) lid: u32) {
     let id = wg.y * nwg.x + wg.x;
     let g = group_size();
-    let ns2 = splits2();
-    if (id >= P.rows * P.n2 * ns2) {
+    if (id >= P.rows * P.n2 * splits2()) {
         return;
     }
-    // KV heads vary fastest: workgroups that run together read the same cache rows.
-    let kv = id % P.n2;
-    let s2 = (id / P.n2) % ns2;
-    let r = id / (P.n2 * ns2);
-    let rk = r * P.n2 + kv;  // (query row, KV head)
-    let lo = s2 * S2;
-    let fx = row_facts(r, lid, lo, lo + S2, false);
-    let vis = fx[INFO_VIS];
-    if (fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis) {
+    let w = values_work(id, lid);
+    if (w.skip) {
         return;
     }
-    let b = fx[INFO_B];
-    let hi = min(lo + S2, vis);
-    let ns1 = (vis + S1 - 1u) / S1;  // stage-1 splits that hold visible tokens
+    let rk = w.rk;
+    let s2 = w.s2;
     let tiles = channel_tiles();
     let nparts = parts_per_split();
     let part = lid / tiles;
@@ -77,7 +68,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var hc = 0u; hc < head_chunks(); hc++) {
         let nq = min(4u, quads() - hc * 4u);
         // 1. Softmax max and sum of each head of the chunk.
-        let st = chunk_stats(lid, rk, hc, nq, ns1);
+        let st = chunk_stats(lid, rk, hc, nq, w.ns1);
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
@@ -94,11 +85,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var a13 = mat4x4<f32>();
         var a14 = mat4x4<f32>();
         var a15 = mat4x4<f32>();
-        for (var t0 = lo; t0 < hi; t0 += TILE) {
-            let nt = min(TILE, hi - t0);
+        for (var t0 = w.lo; t0 < w.hi; t0 += TILE) {
+            let nt = min(TILE, w.hi - t0);
             workgroupBarrier();
             // 2. Probabilities of the tile's tokens.
-            tile_probs(lid, t0, nt, rk, kv, b, hc, nq, g, st);
+            tile_probs(lid, t0, nt, rk, w.kv, w.b, hc, nq, g, st);
             workgroupBarrier();
             // 3. round_T(P)·V over this invocation's part of the tile. Channel groups past Dv
             // read the row's last group and are dropped.
@@ -107,46 +98,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                 for (var jj = part * per; jj < min(nt, part * per + per); jj++) {
                     let p = tile_p(jj);
                     let vb = vrow[jj];
-                    var v0 = vec4<f32>();
-                    var v1 = vec4<f32>();
-                    var v2 = vec4<f32>();
-                    var v3 = vec4<f32>();
-                    if (BY16 == 1u && T_KIND == 0u) {
-                        let last = P.dv - 4u;
-                        v0 = bitcast<vec4<f32>>(value4[(vb + min(cb, last)) / 4u]);
-                        v1 = bitcast<vec4<f32>>(value4[(vb + min(cb + 4u, last)) / 4u]);
-                        v2 = bitcast<vec4<f32>>(value4[(vb + min(cb + 8u, last)) / 4u]);
-                        v3 = bitcast<vec4<f32>>(value4[(vb + min(cb + 12u, last)) / 4u]);
-                    } else if (BY16 == 1u) {
-                        let last = P.dv - 8u;
-                        let w0 = value4[(vb + min(cb, last)) / 8u];
-                        v0 = lo4(w0);
-                        v1 = hi4(w0);
-                        let w1 = value4[(vb + min(cb + 8u, last)) / 8u];
-                        v2 = lo4(w1);
-                        v3 = hi4(w1);
+                    var v = array<vec4<f32>, 4>();
+                    if (BY16 == 1u) {
+                        v = v_row16(vb, cb);
                     } else {
-                        v0 = ld_v4(vb, cb);
-                        v1 = ld_v4(vb, cb + 4u);
-                        v2 = ld_v4(vb, cb + 8u);
-                        v3 = ld_v4(vb, cb + 12u);
+                        v = array<vec4<f32>, 4>(ld_v4(vb, cb), ld_v4(vb, cb + 4u), ld_v4(vb, cb + 8u),
+                                                ld_v4(vb, cb + 12u));
                     }
-                    a0 += p * v0.x;
-                    a1 += p * v0.y;
-                    a2 += p * v0.z;
-                    a3 += p * v0.w;
-                    a4 += p * v1.x;
-                    a5 += p * v1.y;
-                    a6 += p * v1.z;
-                    a7 += p * v1.w;
-                    a8 += p * v2.x;
-                    a9 += p * v2.y;
-                    a10 += p * v2.z;
-                    a11 += p * v2.w;
-                    a12 += p * v3.x;
-                    a13 += p * v3.y;
-                    a14 += p * v3.z;
-                    a15 += p * v3.w;
+                    a0 += p * v[0].x;
+                    a1 += p * v[0].y;
+                    a2 += p * v[0].z;
+                    a3 += p * v[0].w;
+                    a4 += p * v[1].x;
+                    a5 += p * v[1].y;
+                    a6 += p * v[1].z;
+                    a7 += p * v[1].w;
+                    a8 += p * v[2].x;
+                    a9 += p * v[2].y;
+                    a10 += p * v[2].z;
+                    a11 += p * v[2].w;
+                    a12 += p * v[3].x;
+                    a13 += p * v[3].y;
+                    a14 += p * v[3].z;
+                    a15 += p * v[3].w;
                 }
             }
         }

@@ -1,7 +1,7 @@
 // Steps 1 and 2 of nsa_compress_attention's values stage (SPEC §8.1), shared by the portable
 // kernel (nsa_compress_attention_values.wgsl) and its subgroup variant (…_values_sg.wgsl),
-// which differ only in step 3. The including shader declares the `scratch` and `psum`
-// bindings.
+// which differ only in step 3 (whose V row loads are here too). The including shader declares
+// the `scratch`, `psum` and `value4` bindings.
 
 const TILE: u32 = 128u;  // tokens per tile
 
@@ -10,6 +10,53 @@ var<workgroup> pt: array<mat4x4<f32>, TILE>;  // round_T(P) of the tile's tokens
 var<workgroup> pb: array<vec4<u32>, 2u * TILE>;
 var<workgroup> vrow: array<u32, TILE>;        // element offset of each token's V row
 var<workgroup> hstat: array<vec4<f32>, 8>;    // each head's max (quads 0 … 3), then sum
+
+// The work of values workgroup id: query row r and KV head kv (rk = r·N2 + kv), split s2
+// (tokens lo … hi − 1 of the vis visible ones), batch b, the ns1 stage-1 splits that hold
+// visible tokens; skip for a row with nothing to do (a flag raised, padding, or no visible
+// token in the split). KV heads vary fastest: workgroups that run together read the same
+// cache rows. Workgroup-uniform control flow only (row_facts).
+struct ValuesWork {
+    kv: u32,
+    s2: u32,
+    r: u32,
+    rk: u32,
+    lo: u32,
+    hi: u32,
+    vis: u32,
+    b: u32,
+    ns1: u32,
+    skip: bool,
+}
+
+fn values_work(id: u32, lid: u32) -> ValuesWork {
+    let ns2 = splits2();
+    let kv = id % P.n2;
+    let s2 = (id / P.n2) % ns2;
+    let r = id / (P.n2 * ns2);
+    let lo = s2 * S2;
+    let fx = row_facts(r, lid, lo, lo + S2, false);
+    let vis = fx[INFO_VIS];
+    let skip = fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis;
+    return ValuesWork(kv, s2, r, r * P.n2 + kv, lo, min(lo + S2, vis), vis, fx[INFO_B],
+                      (vis + S1 - 1u) / S1, skip);
+}
+
+// Channels cb … cb + 15 of the V row at element vb (16-byte rows, read through value4), as four
+// quads; a quad past Dv reads the row's last quad (its channels are dropped).
+fn v_row16(vb: u32, cb: u32) -> array<vec4<f32>, 4> {
+    if (T_KIND == 0u) {
+        let last = P.dv - 4u;
+        return array<vec4<f32>, 4>(bitcast<vec4<f32>>(value4[(vb + min(cb, last)) / 4u]),
+                                   bitcast<vec4<f32>>(value4[(vb + min(cb + 4u, last)) / 4u]),
+                                   bitcast<vec4<f32>>(value4[(vb + min(cb + 8u, last)) / 4u]),
+                                   bitcast<vec4<f32>>(value4[(vb + min(cb + 12u, last)) / 4u]));
+    }
+    let last = P.dv - 8u;
+    let w0 = value4[(vb + min(cb, last)) / 8u];
+    let w1 = value4[(vb + min(cb + 8u, last)) / 8u];
+    return array<vec4<f32>, 4>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
+}
 
 // bf16 bits of a quad, packed in pairs.
 fn bf16_pairs(v: vec4<f32>) -> vec2<u32> {
