@@ -10,6 +10,7 @@ use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::TensorMap;
 use qsa_wgpu::testing::{check_selection, score_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
+use util::{cat, rows};
 
 const NAMES: [&str; 4] = [
     "block_indices",
@@ -64,22 +65,6 @@ fn sequence(rng: &mut Rng, cfg: &IndexerConfig, tokens: usize) -> (Vec<f32>, Ten
         rng.normals(tokens * cfg.di),
         rng.tensor(cfg.dtype, &[tokens, cfg.hi, cfg.di]),
     )
-}
-
-/// Rows `a..b` of a tensor along its first axis.
-fn rows(t: &Tensor, a: usize, b: usize) -> Tensor {
-    let row: usize = t.shape[1..].iter().product::<usize>() * t.dtype.size();
-    let mut shape = t.shape.clone();
-    shape[0] = b - a;
-    Tensor::from_bytes(t.dtype, &shape, t.data[a * row..b * row].to_vec()).unwrap()
-}
-
-/// Concatenates tensors along the first axis.
-fn cat(ts: &[Tensor]) -> Tensor {
-    let mut shape = ts[0].shape.clone();
-    shape[0] = ts.iter().map(|t| t.shape[0]).sum();
-    let data = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
-    Tensor::from_bytes(ts[0].dtype, &shape, data).unwrap()
 }
 
 #[test]

@@ -7,7 +7,6 @@
 
 mod util;
 
-use qsa_wgpu::gpu::{Context, ContextOptions};
 use qsa_wgpu::ops::nsa_compress_attention::{
     logits_subgroup_pass, nsel, values_subgroup_pass, Layout,
 };
@@ -344,11 +343,7 @@ fn subgroup_and_portable_kernels_agree() {
         );
         return;
     }
-    let portable = Context::new_blocking(&ContextOptions {
-        disable_subgroups: true,
-        ..Default::default()
-    })
-    .unwrap();
+    let portable = util::portable_ctx();
     assert!(!logits_subgroup_pass(portable.caps.subgroup_size, true));
     assert!(!values_subgroup_pass(
         portable.caps.subgroup_size,

@@ -332,3 +332,55 @@ fn bad_entries_past_the_first_split_raise_flags() {
         ],
     );
 }
+
+#[test]
+fn case_file_round_trip() {
+    // SPEC §9: inputs under their contract names, attributes as JSON text ("\"BSND\"",
+    // "true"); the named outputs of CPU and GPU agree.
+    use qsa_wgpu::case::Case;
+    use qsa_wgpu::ops::{run_blocking, Exec};
+    let mut rng = Rng::new(90);
+    let mut geo = tiny(DType::F16, 4, 2, 3, true);
+    (geo.dqk, geo.dv, geo.layout) = (16, 8, Layout::Bsnd);
+    let p = Problem::new(
+        &mut rng,
+        geo,
+        &[3, 1],
+        &[25, 12],
+        &[25 * 16 + 16, 12 * 16 + 20],
+    );
+    let x = p.inputs();
+    let mut inputs = qsa_wgpu::ops::TensorMap::new();
+    for (name, t) in [
+        ("query", x.query),
+        ("key", x.key),
+        ("value", x.value),
+        ("block_table", x.block_table),
+        ("actual_q_len", x.actual_q_len.unwrap()),
+        ("actual_cmp_kv_len", x.actual_cmp_kv_len),
+        ("actual_sel_kv_len", x.actual_sel_kv_len.unwrap()),
+    ] {
+        inputs.insert(name.to_string(), t.clone());
+    }
+    let mut md = std::collections::HashMap::new();
+    md.insert("op".to_string(), "nsa_compress_attention".to_string());
+    for (k, v) in [
+        ("num_kv_heads", "2"),
+        ("compress_block_size", "32"),
+        ("compress_stride", "16"),
+        ("select_block_size", "64"),
+        ("select_block_count", "3"),
+        ("layout", "\"BSND\""),
+        ("causal_mask", "true"),
+    ] {
+        md.insert(k.to_string(), v.to_string());
+    }
+    let bytes = qsa_wgpu::case::serialize(&inputs, Some(md)).unwrap();
+    let case = Case::from_bytes(&bytes).unwrap();
+    let run = |exec| run_blocking(&case.op, &case.inputs, &case.attrs, exec).unwrap();
+    let (cpu, gpu) = (run(Exec::Cpu), run(Exec::Gpu(&util::ctx())));
+    assert_eq!(cpu.keys().collect::<Vec<_>>(), ["out", "topk"]);
+    assert_eq!(cpu["topk"].shape, vec![2, 3, 2, 3]);
+    assert_eq!(cpu["topk"], gpu["topk"]);
+    qsa_wgpu::testing::compare(&gpu["out"], &cpu["out"], util::nsa::out_tol(DType::F16)).unwrap();
+}

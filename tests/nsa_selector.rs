@@ -14,6 +14,7 @@ use qsa_wgpu::ops::TensorMap;
 use qsa_wgpu::paged::PoolLayout;
 use qsa_wgpu::testing::{compare, transform_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
+use util::{cat, rows};
 
 fn config(dtype: DType) -> NsaConfig {
     NsaConfig {
@@ -200,11 +201,6 @@ fn decode_loop_equals_one_16_token_step() {
         let mut one = layer(&cfg, &mut seed, true);
         let mut seed = Rng::new(7);
         let mut inc = layer(&cfg, &mut seed, true);
-        let rows = |t: &Tensor, a: usize, b: usize| {
-            let r = cfg.n1 * cfg.dqk * dt.size();
-            Tensor::from_bytes(dt, &[b - a, cfg.n1, cfg.dqk], t.data[a * r..b * r].to_vec())
-                .unwrap()
-        };
         let part = |s: usize, a: usize, b: usize| {
             let (k, v) = &toks[s];
             let (kw, vw) = (cfg.n2 * cfg.dqk, cfg.n2 * cfg.dv);
@@ -233,8 +229,8 @@ fn decode_loop_equals_one_16_token_step() {
         for name in ["out", "cmp_out", "topk", "token_indices", "token_count"] {
             // Rows of the one-shot step are sequence 0's 16, then sequence 1's.
             let order = |ps: &[TensorMap]| {
-                let mut v: Vec<Tensor> = ps.iter().map(|p| rows_of(&p[name], 0)).collect();
-                v.extend(ps.iter().map(|p| rows_of(&p[name], 1)));
+                let mut v: Vec<Tensor> = ps.iter().map(|p| rows(&p[name], 0, 1)).collect();
+                v.extend(ps.iter().map(|p| rows(&p[name], 1, 2)));
                 cat(&v)
             };
             assert_eq!(order(&parts), whole[name], "{dt} GPU: {name}");
@@ -249,21 +245,6 @@ fn decode_loop_equals_one_16_token_step() {
 }
 
 /// Row `r` of a tensor along its first axis, keeping the axis.
-fn rows_of(t: &Tensor, r: usize) -> Tensor {
-    let row = t.shape[1..].iter().product::<usize>() * t.dtype.size();
-    let mut shape = t.shape.clone();
-    shape[0] = 1;
-    Tensor::from_bytes(t.dtype, &shape, t.data[r * row..(r + 1) * row].to_vec()).unwrap()
-}
-
-/// Concatenates tensors along the first axis.
-fn cat(ts: &[Tensor]) -> Tensor {
-    let mut shape = ts[0].shape.clone();
-    shape[0] = ts.iter().map(|t| t.shape[0]).sum();
-    let data = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
-    Tensor::from_bytes(ts[0].dtype, &shape, data).unwrap()
-}
-
 #[test]
 fn paper_geometry() {
     // N1 = 64, N2 = 4, Dqk = 192, Dv = 128, l = 32, d = 16, l' = 64, k = 16 over two

@@ -11,11 +11,11 @@
 
 mod util;
 
-use qsa_wgpu::gpu::{Context, ContextOptions, GpuTensor, Readback};
+use qsa_wgpu::gpu::{GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
-    cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, heads_per_pass_kv,
-    pack_seqs, params_kv, plan_attention, scratch_buffer, validate, AttentionBuffers,
-    ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
+    cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, pack_seqs, params_kv,
+    plan_attention, scratch_buffer, validate, AttentionBuffers, ShardedAttentionBuffers,
+    SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -662,7 +662,7 @@ fn value_width_differs_from_key_width() {
     // workgroup, so two chunks of 8 per KV head), values wider than keys, several quads per lane on either side, and a strided
     // multi-layer pool. The channels past E in K rows and past Ev in V rows are garbage.
     let mut rng = Rng::new(192);
-    assert_eq!(heads_per_pass_kv(192, 128), 15);
+    assert_eq!(heads_per_pass(192), 15);
     let nsa = Shape {
         ev: 128,
         ..shape(64, 4, 4, 192, 300)
@@ -837,11 +837,7 @@ fn subgroup_and_tiled_partial_passes_agree() {
         );
         return;
     };
-    let tiled = Context::new_blocking(&ContextOptions {
-        disable_subgroups: true,
-        ..Default::default()
-    })
-    .unwrap();
+    let tiled = util::portable_ctx();
     assert!(tiled.caps.subgroup_size.is_none());
     let mut rng = Rng::new(0x59);
     let mut nsa = shape(32, 2, 2, 192, 90);

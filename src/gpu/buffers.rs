@@ -40,9 +40,13 @@ impl GpuTensor {
         if bytes.is_empty() {
             return;
         }
-        let mut v = bytes.to_vec();
-        v.resize(bytes.len().div_ceil(4) * 4, 0);
-        ctx.queue.write_buffer(&self.buffer, 0, &v);
+        if bytes.len().is_multiple_of(4) {
+            ctx.queue.write_buffer(&self.buffer, 0, bytes);
+        } else {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().div_ceil(4) * 4, 0);
+            ctx.queue.write_buffer(&self.buffer, 0, &v);
+        }
     }
 
     /// Logical size in bytes (without padding).

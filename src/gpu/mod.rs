@@ -181,6 +181,41 @@ impl Context {
         )
     }
 
+    /// The largest buffer one storage binding can hold: the binding limit, or the buffer
+    /// limit where that is smaller.
+    pub fn binding_capacity(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    /// Pages per buffer when `num_pages` pages of `page_bytes` are split into buffers that each
+    /// fit one binding ([`Context::binding_capacity`]), at most `cap` pages each. A typed error
+    /// names `op`'s `input` when one page does not fit.
+    pub fn shard_pages(
+        &self,
+        op: &'static str,
+        input: &str,
+        page_bytes: u64,
+        num_pages: usize,
+        cap: Option<usize>,
+    ) -> Result<usize> {
+        let limit = self.binding_capacity();
+        if page_bytes > limit {
+            return Err(Error::Limit {
+                op,
+                input: input.into(),
+                need: page_bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit,
+            });
+        }
+        Ok(((limit / page_bytes.max(1)) as usize)
+            .min(num_pages)
+            .min(cap.unwrap_or(usize::MAX))
+            .max(1))
+    }
+
     /// Checks a buffer size against the binding and buffer limits.
     pub fn check_binding_size(&self, op: &'static str, input: &str, bytes: u64) -> Result<()> {
         let lim = self.limits.max_storage_buffer_binding_size;

@@ -7,7 +7,7 @@
 use super::{IndexerConfig, QsaIndexer, OP};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
-use crate::ops::sparse_attention::{params, plan_attention, scratch_buffer, AttentionGeometry};
+use crate::ops::sparse_attention::{params, scratch_buffer, worst_step_scratch, AttentionGeometry};
 use crate::paged::PoolLayout;
 use crate::tensor::{DType, Tensor};
 
@@ -98,34 +98,22 @@ impl KvCache {
         let f = |name: &str, dt: DType, shape: &[usize]| {
             GpuTensor::filled(ctx, &format!("qsa.indexer.{name}"), dt, shape, 0)
         };
-        let limit = ctx
-            .limits
-            .max_storage_buffer_binding_size
-            .min(ctx.limits.max_buffer_size);
         let page_bytes = (layout.page_elems() * dt.size()) as u64;
-        if page_bytes > limit {
-            return Err(Error::Limit {
-                op: OP,
-                input: "kv pool page".into(),
-                need: page_bytes,
-                limit_name: "max_storage_buffer_binding_size",
-                limit,
-            });
-        }
-        let shard_pages = ((limit / page_bytes) as usize)
-            .min(num_pages)
-            .min(c.pool_shard_pages.unwrap_or(usize::MAX))
-            .max(1);
+        let shard_pages = ctx.shard_pages(
+            OP,
+            "kv pool page",
+            page_bytes,
+            num_pages,
+            c.pool_shard_pages,
+        )?;
         let mut gpu = Vec::new();
         for lo in (0..num_pages).step_by(shard_pages) {
             let pages = shard_pages.min(num_pages - lo);
             gpu.push(f("kv_pool", dt, &[pages * layout.page_elems()])?);
         }
         // Scratch for the worst step: few rows split many ways, or max_step_tokens rows.
-        let (mut partials, mut routes) = (16, 16);
-        let mut t = 1;
-        loop {
-            let prm = params(&AttentionGeometry {
+        let (partials, routes) = worst_step_scratch(ctx, rows, shard_pages, |t| {
+            params(&AttentionGeometry {
                 t,
                 n: max_seqs,
                 h: a.h,
@@ -136,15 +124,8 @@ impl KvCache {
                 max_pages,
                 scale: a.scale,
                 has_sinks: a.sinks.is_some(),
-            })?;
-            let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
-            partials = plan.partials_bytes.max(partials);
-            routes = plan.routes_bytes.max(routes);
-            if t == rows {
-                break;
-            }
-            t = (2 * t).min(rows);
-        }
+            })
+        })?;
         Ok(KvCache {
             gpu,
             shard_pages,

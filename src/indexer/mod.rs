@@ -229,23 +229,8 @@ impl QsaIndexer {
         let block_keys = Tensor::zeros(cfg.dtype, &[cfg.max_seqs * max_blocks, cfg.di]);
         let freqs = rotary_table(cfg.dtype, cfg.max_len, cfg.dr);
         let page_bytes = (cfg.page_size * cfg.di * cfg.dtype.size()) as u64;
-        let fit = ctx
-            .limits
-            .max_storage_buffer_binding_size
-            .min(ctx.limits.max_buffer_size)
-            / page_bytes;
-        if fit == 0 {
-            return Err(Error::Limit {
-                op: OP,
-                input: "pool page".into(),
-                need: page_bytes,
-                limit_name: "max_storage_buffer_binding_size",
-                limit: ctx.limits.max_storage_buffer_binding_size,
-            });
-        }
-        let shard_pages = (fit as usize)
-            .min(num_pages)
-            .min(cfg.pool_shard_pages.unwrap_or(usize::MAX));
+        let shard_pages =
+            ctx.shard_pages(OP, "pool page", page_bytes, num_pages, cfg.pool_shard_pages)?;
         let mut pool_gpu = Vec::new();
         for lo in (0..num_pages).step_by(shard_pages) {
             let pages = shard_pages.min(num_pages - lo);

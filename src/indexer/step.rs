@@ -15,7 +15,7 @@ use crate::ops::expand_route::{dispatch_expand, ExpandBuffers, ExpandRouteParams
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
 use crate::ops::sparse_attention::{
-    pack_seqs, params as attention_params, plan_attention, record_attention, AttentionGeometry,
+    pack_seqs, params as attention_params, record_attention, AttentionGeometry,
     ShardedAttentionBuffers,
 };
 use crate::ops::TensorMap;
@@ -327,18 +327,22 @@ impl QsaIndexer {
                 has_weights: 0,
                 scale: c.scale.unwrap_or(1.0 / (c.di as f32).sqrt()),
             };
-            // Each tiling has its own pipeline, so its own slot; the other one's bind group is
-            // built now too, so that switching between prefill and decode builds nothing.
+            // Each tiling has its own pipeline, so its own slot; whenever this one's bind group
+            // is built, the other one's is built too, so that switching between prefill and
+            // decode builds nothing.
             let tiling = Tiling::for_rows(sp.rows, sp.n);
             let slot = |t: Tiling| 2 * chunk + (t == Tiling::OneRow) as usize;
-            let other = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling.other())?;
-            self.binds
-                .prepare(&ctx, "score", slot(tiling.other()), &other)
-                .await?;
+            let built = self.binds.created();
             let d = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling)?;
             self.binds
                 .record(&ctx, &mut enc, "score", slot(tiling), d)
                 .await?;
+            if self.binds.created() > built {
+                let other = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling.other())?;
+                self.binds
+                    .prepare(&ctx, "score", slot(tiling.other()), &other)
+                    .await?;
+            }
             let tp = BlockTopkParams {
                 rows: (rows * c.hs) as u32,
                 w: self.max_blocks as u32,
@@ -387,8 +391,6 @@ impl QsaIndexer {
                 scale: kv.cfg.scale,
                 has_sinks: kv.sinks.is_some(),
             })?;
-            let (pc, rc) = (kv.partials.size(), kv.routes.size());
-            let plan = plan_attention(&ctx, &prm, kv.shard_pages, pc, rc)?;
             let ab = ShardedAttentionBuffers {
                 query: &kv.query.buffer,
                 pool: kv.gpu.iter().map(|g| &g.buffer).collect(),
@@ -407,7 +409,7 @@ impl QsaIndexer {
                 &ctx,
                 &mut enc,
                 c.dtype,
-                &plan,
+                &prm,
                 &ab,
                 ["attention_route", "attention", "attention_combine"],
             )

@@ -115,12 +115,16 @@ impl NsaSelector {
         let cmp_key = Tensor::zeros(cfg.dtype, &[nb, cfg.cmp_page_size, cfg.n2 * cfg.dqk]);
         let cmp_value = Tensor::zeros(cfg.dtype, &[nb, cfg.cmp_page_size, cfg.n2 * cfg.dv]);
         let up = |name: &str, t: &Tensor| GpuTensor::upload(&ctx, &format!("qsa.nsa.{name}"), t);
+        // The pool and the compressed caches start as zeros: allocated, not uploaded.
+        let zeros = |name: &str, t: &Tensor| {
+            GpuTensor::filled(&ctx, &format!("qsa.nsa.{name}"), t.dtype, &t.shape, 0)
+        };
         let mut cmp_free = cmp_order;
         cmp_free.reverse();
         Ok(NsaSelector {
-            pool_gpu: up("pool", &pool.data)?,
-            cmp_key_gpu: up("cmp_key", &cmp_key)?,
-            cmp_value_gpu: up("cmp_value", &cmp_value)?,
+            pool_gpu: zeros("pool", &pool.data)?,
+            cmp_key_gpu: zeros("cmp_key", &cmp_key)?,
+            cmp_value_gpu: zeros("cmp_value", &cmp_value)?,
             w_k_gpu: up("w_k", &w_k)?,
             w_v_gpu: up("w_v", &w_v)?,
             bufs: step::StepBuffers::new(&ctx, &cfg, layout)?,

@@ -89,15 +89,12 @@ impl NsaSelector {
             p.first_win.push(windows(len - new, c.l, c.d));
             p.cmp.push(windows(len, c.l, c.d));
             p.positions.extend((len - new..len).map(|q| q as i32));
-            let mut row = vec![u32::MAX; mp];
-            let pages = self.pool.tables[s].as_deref().unwrap_or(&[]);
-            row[..pages.len()].copy_from_slice(pages);
-            p.page_table.extend(row);
-            let mut row = vec![u32::MAX; mc];
             let blocks = self.cmp_table(s);
-            row[..blocks.len()].copy_from_slice(blocks);
-            p.cmp_table.extend(row);
+            p.cmp_table.extend_from_slice(blocks);
+            p.cmp_table
+                .resize(p.cmp_table.len() + mc - blocks.len(), u32::MAX);
         }
+        p.page_table = self.pool.page_rows(&p.slots, mp, u32::MAX);
         Ok(p)
     }
 

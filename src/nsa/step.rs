@@ -16,7 +16,8 @@ use crate::ops::nsa_compress_attention::{
     NsaCompressAttentionParams,
 };
 use crate::ops::sparse_attention::{
-    pack_seqs, params_kv, plan_attention, record_attention, scratch_buffer, ShardedAttentionBuffers,
+    pack_seqs, params_kv, record_attention, scratch_buffer, worst_step_scratch,
+    ShardedAttentionBuffers,
 };
 use crate::ops::TensorMap;
 use crate::paged::PoolLayout;
@@ -68,22 +69,9 @@ impl StepBuffers {
         };
         // The selected attention's scratch for the worst step: few rows split many ways, or
         // max_step_rows rows (rows beyond what fits would be taken in chunks).
-        let limit = ctx
-            .limits
-            .max_storage_buffer_binding_size
-            .min(ctx.limits.max_buffer_size);
-        let (mut partials, mut routes) = (16, 16);
-        let mut t = 1;
-        loop {
-            let prm = params_kv(&attention_geometry(c, layout, t, s), c.dqk, c.dv)?;
-            let plan = plan_attention(ctx, &prm, layout.num_pages, limit, limit)?;
-            partials = plan.partials_bytes.max(partials);
-            routes = plan.routes_bytes.max(routes);
-            if t >= r {
-                break;
-            }
-            t = (2 * t).min(r);
-        }
+        let (partials, routes) = worst_step_scratch(ctx, r, layout.num_pages, |t| {
+            params_kv(&attention_geometry(c, layout, t, s), c.dqk, c.dv)
+        })?;
         Ok(StepBuffers {
             partials: scratch_buffer(ctx, "qsa.nsa.attention_partials", partials),
             routes: scratch_buffer(ctx, "qsa.nsa.attention_routes", routes),
@@ -319,7 +307,6 @@ impl NsaSelector {
         let geo = self.attention_geometry(t, nb);
         let ap = params_kv(&geo, c.dqk, c.dv)?;
         let np = geo.layout.num_pages;
-        let plan = plan_attention(&ctx, &ap, np, b.partials.size(), b.routes.size())?;
         let ab = ShardedAttentionBuffers {
             query: &b.query.buffer,
             pool: vec![&self.pool_gpu.buffer],
@@ -338,7 +325,7 @@ impl NsaSelector {
             &ctx,
             &mut enc,
             c.dtype,
-            &plan,
+            &ap,
             &ab,
             ["selected_route", "selected_attention", "selected_combine"],
         )

@@ -417,11 +417,7 @@ pub async fn encode_score(
 /// Rows of scores that fit in one binding.
 pub fn rows_per_chunk(ctx: &Context, hs: usize, w: usize) -> Result<usize> {
     let row_bytes = (hs * w * 4).max(4) as u64;
-    let rows = ctx
-        .limits
-        .max_storage_buffer_binding_size
-        .min(ctx.limits.max_buffer_size)
-        / row_bytes;
+    let rows = ctx.binding_capacity() / row_bytes;
     if rows == 0 {
         return Err(Error::Limit {
             op: OP,

@@ -357,7 +357,6 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
     Ok(())
 }
 
-/// (stage, slot, pipeline, buffers) of a [`BindCache`] entry.
 /// What one (stage, slot) of a [`BindCache`] holds: the bind group and what it was built for.
 struct Entry {
     key: PipelineKey,

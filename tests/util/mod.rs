@@ -4,6 +4,7 @@
 pub mod nsa;
 
 use qsa_wgpu::gpu::{Context, ContextOptions};
+use qsa_wgpu::Tensor;
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -41,4 +42,30 @@ pub fn ctx() -> Arc<Context> {
         });
     }
     c
+}
+
+/// A context on the same adapter that never chooses a subgroup variant (the portable
+/// kernels), to compare the two.
+pub fn portable_ctx() -> Arc<Context> {
+    Context::new_blocking(&ContextOptions {
+        disable_subgroups: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Rows `a..b` of a tensor along its first axis.
+pub fn rows(t: &Tensor, a: usize, b: usize) -> Tensor {
+    let row: usize = t.shape[1..].iter().product::<usize>() * t.dtype.size();
+    let mut shape = t.shape.clone();
+    shape[0] = b - a;
+    Tensor::from_bytes(t.dtype, &shape, t.data[a * row..b * row].to_vec()).unwrap()
+}
+
+/// Concatenates tensors along the first axis.
+pub fn cat(ts: &[Tensor]) -> Tensor {
+    let mut shape = ts[0].shape.clone();
+    shape[0] = ts.iter().map(|t| t.shape[0]).sum();
+    let data = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
+    Tensor::from_bytes(ts[0].dtype, &shape, data).unwrap()
 }

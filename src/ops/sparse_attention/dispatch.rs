@@ -36,20 +36,15 @@ pub const LLVMPIPE_LOOP_BUDGET: u64 = 60000;
 /// Query heads one workgroup serves at head dim `e`: its queries (E rounded up to 8 channels)
 /// and a round of weights fit the workgroup array (12 at E = 256, a whole Qwen3.8-Flash-Next
 /// group; 16 at E <= 128; 1 at E = 2048). Each gathered K and V row is loaded once per
-/// workgroup for all of them.
+/// workgroup for all of them. The values' width Ev does not change it (the workgroup array holds
+/// queries and weights; accumulators are registers of the V step's channel quads): 15 at NSA's
+/// E = 192, Ev = 128.
 pub fn heads_per_pass(e: usize) -> usize {
     let e4 = e.div_ceil(8) * 2;
     (1..=MAX_HEADS)
         .rev()
         .find(|&h| h * e4 + ROUND * h.div_ceil(4) <= SHARED_QUADS)
         .unwrap_or(0)
-}
-
-/// [`heads_per_pass`] for queries and keys of E channels and values of Ev channels: the values'
-/// width does not change it (the workgroup array holds queries and weights; accumulators are
-/// registers of the V step's channel quads). 15 at NSA's E = 192, Ev = 128.
-pub fn heads_per_pass_kv(e: usize, _ev: usize) -> usize {
-    heads_per_pass(e)
 }
 
 /// Token phases of the V step at value width `ev`: groups of 64 / phases invocations, each

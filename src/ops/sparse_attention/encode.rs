@@ -100,6 +100,17 @@ pub struct AttentionStep {
     pub params: SparseAttentionParams,
 }
 
+impl AttentionStep {
+    /// Its stage among `names` = [route, partial pass, combine].
+    pub fn stage(&self, names: [&'static str; 3]) -> &'static str {
+        match self.shader {
+            ROUTE => names[0],
+            COMBINE => names[2],
+            _ => names[1],
+        }
+    }
+}
+
 /// The dispatches of one call, in recording order: for each chunk of rows, the routing, the
 /// partial pass over every shard (each continuing the previous one's partials), the combine.
 #[derive(Clone, Debug)]
@@ -397,11 +408,27 @@ pub fn dispatch_attention<'a>(
     Ok(out)
 }
 
-/// The largest scratch buffer one call may use: one storage binding.
-fn scratch_capacity(ctx: &Context) -> u64 {
-    ctx.limits
-        .max_storage_buffer_binding_size
-        .min(ctx.limits.max_buffer_size)
+/// Scratch bytes (partials, routes) for the worst step of up to `rows` query rows over a pool
+/// of `shard_pages`-page shards: few rows split many ways, or `rows` rows. `params(t)` gives
+/// a `t`-row step's parameters.
+pub fn worst_step_scratch(
+    ctx: &Context,
+    rows: usize,
+    shard_pages: usize,
+    params: impl Fn(usize) -> Result<SparseAttentionParams>,
+) -> Result<(u64, u64)> {
+    let cap = ctx.binding_capacity();
+    let (mut partials, mut routes) = (16, 16);
+    let mut t = 1;
+    loop {
+        let plan = plan_attention(ctx, &params(t)?, shard_pages, cap, cap)?;
+        partials = plan.partials_bytes.max(partials);
+        routes = plan.routes_bytes.max(routes);
+        if t >= rows {
+            return Ok((partials, routes));
+        }
+        t = (2 * t).min(rows);
+    }
 }
 
 /// A scratch buffer of at least `bytes` (whole 16-byte words).
@@ -423,7 +450,7 @@ pub async fn encode_attention(
     prm: &SparseAttentionParams,
     b: &AttentionBuffers<'_>,
 ) -> Result<()> {
-    let cap = scratch_capacity(ctx);
+    let cap = ctx.binding_capacity();
     let plan = plan_attention(ctx, prm, prm.num_pages as usize, cap, cap)?;
     let partials = scratch_buffer(ctx, "qsa.sparse_attention.partials", plan.partials_bytes);
     let routes = scratch_buffer(ctx, "qsa.sparse_attention.routes", plan.routes_bytes);
@@ -443,33 +470,41 @@ pub async fn encode_attention_sharded(
     prm: &SparseAttentionParams,
     b: &ShardedAttentionBuffers<'_>,
 ) -> Result<()> {
-    let cap = scratch_capacity(ctx);
-    let (pc, rc) = (b.partials.size().min(cap), b.routes.size().min(cap));
-    let plan = plan_attention(ctx, prm, b.shard_pages, pc, rc)?;
+    let plan = plan_sharded(ctx, prm, b)?;
     for (_, d) in dispatch_attention(ctx, dt, &plan, b)? {
         encode(ctx, enc, d).await?;
     }
     Ok(())
 }
 
-/// Records every dispatch of `plan` through an orchestrator's bind cache, under the stage
-/// names `names` = [route, partial pass, combine] (each shard's partial pass is its own slot).
+/// The plan of `prm` over the shards and scratch buffers of `b` (each used up to one binding).
+pub fn plan_sharded(
+    ctx: &Context,
+    prm: &SparseAttentionParams,
+    b: &ShardedAttentionBuffers<'_>,
+) -> Result<AttentionPlan> {
+    let cap = ctx.binding_capacity();
+    let (pc, rc) = (b.partials.size().min(cap), b.routes.size().min(cap));
+    plan_attention(ctx, prm, b.shard_pages, pc, rc)
+}
+
+/// Records every dispatch of a call over `b` ([`plan_sharded`]) through an orchestrator's bind
+/// cache, under the stage names `names` = [route, partial pass, combine] (each shard's partial
+/// pass is its own slot).
 pub async fn record_attention(
     binds: &mut crate::ops::common::BindCache,
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
     dt: DType,
-    plan: &AttentionPlan,
+    prm: &SparseAttentionParams,
     b: &ShardedAttentionBuffers<'_>,
     names: [&'static str; 3],
 ) -> Result<()> {
-    for (step, d) in dispatch_attention(ctx, dt, plan, b)? {
-        let stage = match step.shader {
-            ROUTE => names[0],
-            COMBINE => names[2],
-            _ => names[1],
-        };
-        binds.record(ctx, enc, stage, step.slot, d).await?;
+    let plan = plan_sharded(ctx, prm, b)?;
+    for (step, d) in dispatch_attention(ctx, dt, &plan, b)? {
+        binds
+            .record(ctx, enc, step.stage(names), step.slot, d)
+            .await?;
     }
     Ok(())
 }

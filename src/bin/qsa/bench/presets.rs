@@ -8,14 +8,14 @@
 use super::{Measure, Stage};
 use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
-use qsa_wgpu::ops::common::{encode, flag_word, read_checked, Dispatch};
+use qsa_wgpu::ops::common::{flag_word, read_checked, Bound, Dispatch};
 use qsa_wgpu::ops::nsa_compress_attention::{
     dispatch_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout,
     NsaAttnBuffers, NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
 };
 use qsa_wgpu::ops::sparse_attention::{
     dispatch_attention, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
-    AttentionGeometry, ShardedAttentionBuffers, COMBINE, ROUTE,
+    AttentionGeometry, ShardedAttentionBuffers,
 };
 use qsa_wgpu::paged::PoolLayout;
 use qsa_wgpu::testing::Rng;
@@ -81,23 +81,36 @@ fn timed_runs(
     Ok((walls, stages))
 }
 
-/// Records dispatch `d` inside a timer span of stage `name` (summed with the stage's others).
-fn encode_spanned(
+/// Dispatches bound once, before the runs, each with its stage name.
+type BoundStages<'a> = Vec<(&'static str, Bound, Dispatch<'a>)>;
+
+fn bind_stages<'a>(
+    ctx: &Context,
+    stages: impl IntoIterator<Item = (&'static str, Dispatch<'a>)>,
+) -> Result<BoundStages<'a>> {
+    stages
+        .into_iter()
+        .map(|(name, d)| Ok((name, pollster::block_on(Bound::new(ctx, &d))?, d)))
+        .collect()
+}
+
+/// Records the bound dispatches, each inside a timer span of its stage (summed with the
+/// stage's others).
+fn record_spanned(
     ctx: &Context,
     enc: &mut wgpu::CommandEncoder,
-    timer: Option<&mut Timer>,
-    name: &'static str,
-    d: Dispatch<'_>,
-) -> Result<()> {
-    match timer {
-        Some(t) => {
+    mut timer: Option<&mut Timer>,
+    stages: &BoundStages<'_>,
+) {
+    for (name, bound, d) in stages {
+        if let Some(t) = timer.as_deref_mut() {
             t.begin_span(enc, name);
-            pollster::block_on(encode(ctx, enc, d))?;
+        }
+        bound.record(ctx, enc, d.params, d.groups, None);
+        if let Some(t) = timer.as_deref_mut() {
             t.end_span(enc);
         }
-        None => pollster::block_on(encode(ctx, enc, d))?,
     }
-    Ok(())
 }
 
 /// Builds the measure from per-run walls and per-run stage times.
@@ -292,25 +305,27 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
     let scratch = f("scratch", DType::F32, &[scratch_words(&prm) as usize])?;
     let flags = flag_word(ctx)?;
     let sel = prm.topk_params();
-    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, mut timer| {
-        let b = NsaAttnBuffers {
-            query: &gq.buffer,
-            key: &gk.buffer,
-            value: &gv.buffer,
-            block_table: &gt.buffer,
-            lens: &gl.buffer,
-            out: &out.buffer,
-            topk: &topk.buffer,
-            psum: &psum.buffer,
-            scores: &scores.buffer,
-            count: &count.buffer,
-            scratch: &scratch.buffer,
-            flags: &flags.buffer,
-        };
-        // One span per stage: logits, values, finish, top-k.
-        for (name, d) in dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)? {
-            encode_spanned(ctx, enc, timer.as_deref_mut(), name, d)?;
-        }
+    let b = NsaAttnBuffers {
+        query: &gq.buffer,
+        key: &gk.buffer,
+        value: &gv.buffer,
+        block_table: &gt.buffer,
+        lens: &gl.buffer,
+        out: &out.buffer,
+        topk: &topk.buffer,
+        psum: &psum.buffer,
+        scores: &scores.buffer,
+        count: &count.buffer,
+        scratch: &scratch.buffer,
+        flags: &flags.buffer,
+    };
+    // One span per stage: logits, values, finish, top-k.
+    let bound = bind_stages(
+        ctx,
+        dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)?,
+    )?;
+    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, timer| {
+        record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
     let es = dt.size() as u64;
@@ -340,14 +355,10 @@ fn attention(
     );
     let pages = total.div_ceil(page);
     let layout = PoolLayout::packed(pages, 1, page, hkv, e);
-    let limit = ctx
-        .limits
-        .max_storage_buffer_binding_size
-        .min(ctx.limits.max_buffer_size);
+    let limit = ctx.binding_capacity();
     let page_elems = layout.page_elems();
     let page_bytes = (page_elems * dt.size()) as u64;
-    ctx.check_binding_size("sparse_attention", "kv_blocks", page_bytes)?;
-    let shard_pages = ((limit / page_bytes) as usize).clamp(1, pages);
+    let shard_pages = ctx.shard_pages("sparse_attention", "kv_blocks", page_bytes, pages, None)?;
     let mut rng = Rng::new(13);
     // The pool is filled in slices so the host never holds it twice.
     let mut shards = Vec::new();
@@ -400,30 +411,25 @@ fn attention(
     let plan = plan_attention(ctx, &prm, shard_pages, limit, limit)?;
     let partials = scratch_buffer(ctx, "qsa.bench.partials", plan.partials_bytes);
     let routes = scratch_buffer(ctx, "qsa.bench.routes", plan.routes_bytes);
-    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, mut timer| {
-        let b = ShardedAttentionBuffers {
-            query: &q.buffer,
-            pool: shards.iter().map(|s| &s.buffer).collect(),
-            shard_pages,
-            seqs: &gs.buffer,
-            token_indices: &ti.buffer,
-            token_count: &tc.buffer,
-            sinks: None,
-            out: &out.buffer,
-            flags: &flags.buffer,
-            partials: &partials,
-            routes: &routes,
-        };
-        // One span per dispatch, summed by stage: route, partial passes (one per shard),
-        // combine.
-        for (step, d) in dispatch_attention(ctx, dt, &plan, &b)? {
-            let name = match step.shader {
-                ROUTE => "route",
-                COMBINE => "combine",
-                _ => "partial",
-            };
-            encode_spanned(ctx, enc, timer.as_deref_mut(), name, d)?;
-        }
+    let b = ShardedAttentionBuffers {
+        query: &q.buffer,
+        pool: shards.iter().map(|s| &s.buffer).collect(),
+        shard_pages,
+        seqs: &gs.buffer,
+        token_indices: &ti.buffer,
+        token_count: &tc.buffer,
+        sinks: None,
+        out: &out.buffer,
+        flags: &flags.buffer,
+        partials: &partials,
+        routes: &routes,
+    };
+    // One span per dispatch, summed by stage: route, partial passes (one per shard), combine.
+    let names = ["route", "partial", "combine"];
+    let steps = dispatch_attention(ctx, dt, &plan, &b)?;
+    let bound = bind_stages(ctx, steps.into_iter().map(|(st, d)| (st.stage(names), d)))?;
+    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, timer| {
+        record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
     // The device's flags (bad pages, tokens, counts) turn into an error here; the output itself
