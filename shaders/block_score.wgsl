@@ -54,10 +54,9 @@ struct BlockScoreParams {
 @group(0) @binding(6) var<storage, read_write> scores: array<f32>; // [rows, Hs, W] f32
 @group(0) @binding(7) var<storage, read_write> flags: atomic<u32>;
 
-const WG: u32 = 64u;
 const TR: u32 = 24u;         // row_tiles: rows per workgroup (and per invocation)
 const BI: u32 = 16u;         // blocks per invocation
-const TB: u32 = 1024u;       // blocks per workgroup: WG · BI
+const TB: u32 = 1024u;       // blocks per workgroup: 64 invocations · BI
 
 // One 16-byte word of a row: 4 f32 channels (in lo), or 8 f16/bf16 channels split into the
 // even ones (lo) and the odd ones (hi). Queries and keys split alike, so the dot product of

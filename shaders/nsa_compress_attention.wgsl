@@ -45,12 +45,6 @@ fn q_bf16(c: u32) -> mat4x4<f32> {
     return mat4x4<f32>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
 }
 
-// Channels c … c + 3 (query q0 … q3, keys k) added to accumulator a, in channel order.
-fn acc4(a: mat4x4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32>,
-        k: vec4<f32>) -> mat4x4<f32> {
-    return a + q0 * k.x + q1 * k.y + q2 * k.z + q3 * k.w;
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {

@@ -29,8 +29,6 @@
 
 const CC: u32 = 32u;  // query channels per chunk
 
-// As in nsa_compress_attention.wgsl; this variant runs only where it is 1.
-override BY16: u32 = 1u;
 
 // Channels 4s … 4s + 3 of the chunk for the 16 heads: m[4s + i][h / 4][h % 4].
 struct Chunk {
@@ -115,12 +113,6 @@ fn load_chunk(ea: u32, eb: u32, la: bool, lb: bool, c0: u32) -> Chunk {
     q.m[24] = s6[0]; q.m[25] = s6[1]; q.m[26] = s6[2]; q.m[27] = s6[3];
     q.m[28] = s7[0]; q.m[29] = s7[1]; q.m[30] = s7[2]; q.m[31] = s7[3];
     return q;
-}
-
-// Channels c … c + 3 (query q0 … q3, keys k) added to accumulator a, in channel order.
-fn acc4(a: mat4x4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32>,
-        k: vec4<f32>) -> mat4x4<f32> {
-    return a + q0 * k.x + q1 * k.y + q2 * k.z + q3 * k.w;
 }
 
 // Key channels c0 + 4s … c0 + 4s + 3 of the f32 K row at element rb; zero past Dqk (the words

@@ -35,17 +35,6 @@ fn ld_v4(vb: u32, e: u32) -> vec4<f32> {
                      ld_v(vb + min(e + 2u, last)), ld_v(vb + min(e + 3u, last)));
 }
 
-// Accumulated values of channel ch (if it exists) for the chunk's nq quads.
-fn store_part(a: mat4x4<f32>, ch: u32, at: u32, nq: u32) {
-    if (ch < P.dv) {
-        let t = at + ch * quads();
-        scratch[t] = a[0];
-        if (nq > 1u) { scratch[t + 1u] = a[1]; }
-        if (nq > 2u) { scratch[t + 2u] = a[2]; }
-        if (nq > 3u) { scratch[t + 3u] = a[3]; }
-    }
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {

@@ -17,25 +17,9 @@
 //#include common/nsa_values.wgsl
 
 @group(0) @binding(4) var<storage, read> value: array<u32>;         // [num_blocks, page, N2·Dv] T (read through value4 here)
-@group(0) @binding(5) var<storage, read> value4: array<vec4<u32>>;  // the same, 16 bytes a load (or a dummy)
+@group(0) @binding(5) var<storage, read> value4: array<vec4<u32>>;  // the same, 16 bytes a load
 @group(0) @binding(6) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 @group(0) @binding(7) var<storage, read_write> psum: array<f32>;    // [R·N2, c_max] f32
-
-// As in nsa_compress_attention_values.wgsl; this variant runs only where it is 1 (V read 16
-// bytes at a time through value4).
-override BY16: u32 = 1u;
-
-
-// Accumulated values of channel ch (if it exists) for the chunk's nq quads.
-fn store_part(a: mat4x4<f32>, ch: u32, at: u32, nq: u32) {
-    if (ch < P.dv) {
-        let t = at + ch * quads();
-        scratch[t] = a[0];
-        if (nq > 1u) { scratch[t + 1u] = a[1]; }
-        if (nq > 2u) { scratch[t + 2u] = a[2]; }
-        if (nq > 3u) { scratch[t + 3u] = a[3]; }
-    }
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -47,6 +47,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let p1 = u32(p) + 1u;
+    let seen = (p1 + P.lsel - 1u) / P.lsel;  // blocks o < seen hold a visible token
     var before = 0u;  // tokens of the blocks before slot s
     var v = -1;
     for (var s = 0u; s < P.k; s++) {
@@ -60,7 +61,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         // len = clamp(p + 1 − o·l', 0, l'), without overflowing o·l'.
         var len = 0u;
-        if (u32(o) < (p1 + P.lsel - 1u) / P.lsel) {
+        if (u32(o) < seen) {
             len = min(P.lsel, p1 - u32(o) * P.lsel);
         }
         if (v < 0 && j < before + len) {

@@ -83,29 +83,6 @@ fn ld_pair(i: u32, c: u32, e: u32) -> mat2x4<f32> {
     return mat2x4<f32>(select(vec4<f32>(0.0), a, ca < ve),
                        select(vec4<f32>(0.0), b, ca + vec4<u32>(4u) < ve));
 }
-// The (m, l) entries of head quad q as loaded from four records.
-fn ml_m(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(a.x, b.x, c.x, d.x);
-}
-fn ml_l(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(a.y, b.y, c.y, d.y);
-}
-// Stores channel quad c of heads 4q … 4q + 3 (those below hc) from the columns of a.
-fn put4(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32, a: mat4x4<f32>) {
-    let j = 4u * q;
-    if (j < hc) { part[rec(base, step, j, hc, rs) + c] = a[0]; }
-    if (j + 1u < hc) { part[rec(base, step, j + 1u, hc, rs) + c] = a[1]; }
-    if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + c] = a[2]; }
-    if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + c] = a[3]; }
-}
-// Stores (m, l) of heads 4q … 4q + 3 (those below hc) at vec4 `at` of their records.
-fn put_ml(base: u32, step: u32, q: u32, hc: u32, rs: u32, at: u32, m: vec4<f32>, l: vec4<f32>) {
-    let j = 4u * q;
-    if (j < hc) { part[rec(base, step, j, hc, rs) + at] = vec4<f32>(m.x, l.x, 0.0, 0.0); }
-    if (j + 1u < hc) { part[rec(base, step, j + 1u, hc, rs) + at] = vec4<f32>(m.y, l.y, 0.0, 0.0); }
-    if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + at] = vec4<f32>(m.z, l.z, 0.0, 0.0); }
-    if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + at] = vec4<f32>(m.w, l.w, 0.0, 0.0); }
-}
 // The query rows of heads 4q … 4q + 3 (heads past hc repeat the last one), as vec4 indices.
 fn qrows(q: u32, hc: u32, e4: u32) -> vec4<u32> {
     return min(vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(hc - 1u)) * e4;
@@ -143,14 +120,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let hc = pw.hc;
     let cb = pw.cb;
 
-    // The split's range of the shard's row list (stage 1 checked every entry).
-    let list = (rr * P.hs + g) * (P.shards + 1u + P.w);
+    // The split's range of the shard's row list.
     if (lid == 0u) {
-        let lo = routes[list + P.shard];
-        let count = routes[list + P.shard + 1u] - lo;
-        let a = min(split * P.split_len, count);
-        range = vec2<u32>(list + P.shards + 1u + lo + a,
-                          min(count - a, P.split_len));
+        range = split_range((rr * P.hs + g) * (P.shards + 1u + P.w), split);
     }
     let e = P.e;                         // query / key channels
     let e4 = (e + 3u) / 4u;
@@ -177,10 +149,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let zero = mat4x4<f32>();
             let none = vec4<f32>(LOW);
             for (var q = 0u; q < HQ; q++) {
-                if (cq < v4) { put4(base, nsub, q, hc, rs, cq, zero); }
-                if (cq + 1u < v4) { put4(base, nsub, q, hc, rs, cq + 1u, zero); }
+                if (cq < v4) { put_acc(base, nsub, q, hc, rs, cq, zero); }
+                if (cq + 1u < v4) { put_acc(base, nsub, q, hc, rs, cq + 1u, zero); }
                 if (lid % lpp == 0u) {
-                    put_ml(base, nsub, q, hc, rs, mlq, none, vec4<f32>(0.0));
+                    put_acc(base, nsub, q, hc, rs, mlq, ml_rec(none, vec4<f32>(0.0)));
                 }
             }
         }
@@ -210,16 +182,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var a31 = mat4x4<f32>();
     if (P.shard != 0u) {
         for (var q = 0u; q < HQ; q++) {
-            let r = vec4<u32>(rec(base, nsub, 4u * q, hc, rs), rec(base, nsub, 4u * q + 1u, hc, rs),
-                              rec(base, nsub, 4u * q + 2u, hc, rs), rec(base, nsub, 4u * q + 3u, hc, rs));
-            let p0 = part[r.x + mlq];
-            let p1 = part[r.y + mlq];
-            let p2 = part[r.z + mlq];
-            let p3 = part[r.w + mlq];
-            let m = ml_m(p0, p1, p2, p3);
-            let l = ml_l(p0, p1, p2, p3);
-            let a = mat4x4<f32>(part[r.x + cqa], part[r.y + cqa], part[r.z + cqa], part[r.w + cqa]);
-            let b = mat4x4<f32>(part[r.x + cqb], part[r.y + cqb], part[r.z + cqb], part[r.w + cqb]);
+            let ml = get_acc(base, nsub, q, hc, rs, mlq);
+            let m = ml_m(ml);
+            let l = ml_l(ml);
+            let a = get_acc(base, nsub, q, hc, rs, cqa);
+            let b = get_acc(base, nsub, q, hc, rs, cqb);
             if (q == 0u) { m0 = m; l0 = l; a00 = a; a01 = b; }
             if (q == 1u) { m1 = m; l1 = l; a10 = a; a11 = b; }
             if (q == 2u) { m2 = m; l2 = l; a20 = a; a21 = b; }
@@ -390,21 +357,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     // The partial results of this invocation's phase: its channel quads of every head, and
     // (m, l) from the phase's first invocation, into the channel block's own copy.
     if (cq < v4) {
-        put4(base, nsub, 0u, hc, rs, cq, a00);
-        if (HQ > 1u) { put4(base, nsub, 1u, hc, rs, cq, a10); }
-        if (HQ > 2u) { put4(base, nsub, 2u, hc, rs, cq, a20); }
-        if (HQ > 3u) { put4(base, nsub, 3u, hc, rs, cq, a30); }
+        put_acc(base, nsub, 0u, hc, rs, cq, a00);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, cq, a10); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, cq, a20); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, cq, a30); }
     }
     if (cq + 1u < v4) {
-        put4(base, nsub, 0u, hc, rs, cq + 1u, a01);
-        if (HQ > 1u) { put4(base, nsub, 1u, hc, rs, cq + 1u, a11); }
-        if (HQ > 2u) { put4(base, nsub, 2u, hc, rs, cq + 1u, a21); }
-        if (HQ > 3u) { put4(base, nsub, 3u, hc, rs, cq + 1u, a31); }
+        put_acc(base, nsub, 0u, hc, rs, cq + 1u, a01);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, cq + 1u, a11); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, cq + 1u, a21); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, cq + 1u, a31); }
     }
     if (lid % lpp == 0u) {
-        put_ml(base, nsub, 0u, hc, rs, mlq, m0, l0);
-        if (HQ > 1u) { put_ml(base, nsub, 1u, hc, rs, mlq, m1, l1); }
-        if (HQ > 2u) { put_ml(base, nsub, 2u, hc, rs, mlq, m2, l2); }
-        if (HQ > 3u) { put_ml(base, nsub, 3u, hc, rs, mlq, m3, l3); }
+        put_acc(base, nsub, 0u, hc, rs, mlq, ml_rec(m0, l0));
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, mlq, ml_rec(m1, l1)); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, mlq, ml_rec(m2, l2)); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, mlq, ml_rec(m3, l3)); }
     }
 }

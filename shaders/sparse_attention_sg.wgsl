@@ -97,33 +97,6 @@ fn weigh(s: vec4<f32>, m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
 }
 
 
-// The (m, l) entries of four heads as record quads (columns), and back.
-fn ml_rec(m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(vec4<f32>(m.x, l.x, 0.0, 0.0), vec4<f32>(m.y, l.y, 0.0, 0.0),
-                       vec4<f32>(m.z, l.z, 0.0, 0.0), vec4<f32>(m.w, l.w, 0.0, 0.0));
-}
-fn ml_m(r: mat4x4<f32>) -> vec4<f32> {
-    return vec4<f32>(r[0].x, r[1].x, r[2].x, r[3].x);
-}
-fn ml_l(r: mat4x4<f32>) -> vec4<f32> {
-    return vec4<f32>(r[0].y, r[1].y, r[2].y, r[3].y);
-}
-
-// Loads or stores quad c of the records of the four heads of head quad q.
-fn get_acc(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32) -> mat4x4<f32> {
-    return mat4x4<f32>(part[rec(base, step, 4u * q, hc, rs) + c],
-                       part[rec(base, step, 4u * q + 1u, hc, rs) + c],
-                       part[rec(base, step, 4u * q + 2u, hc, rs) + c],
-                       part[rec(base, step, 4u * q + 3u, hc, rs) + c]);
-}
-fn put_acc(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32, a: mat4x4<f32>) {
-    for (var i = 0u; i < 4u; i++) {
-        if (4u * q + i < hc) {
-            part[rec(base, step, 4u * q + i, hc, rs) + c] = a[i];
-        }
-    }
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(subgroup_id) sub: u32, @builtin(subgroup_invocation_id) sl: u32) {
@@ -139,13 +112,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let h0 = pw.h0;
     let hc = pw.hc;
 
-    // This split's entries of the shard's row list (stage 1 checked every entry).
-    let list = (rr * P.hs + g) * (P.shards + 1u + P.w);
-    let lo = routes[list + P.shard];
-    let count = routes[list + P.shard + 1u] - lo;
-    let a = min(split * P.split_len, count);
-    let n = min(count - a, P.split_len);
-    let first = list + P.shards + 1u + lo + a;
+    // This split's entries of the shard's row list. None in a later shard: the previous one's
+    // records stand as they are.
+    let range = split_range((rr * P.hs + g) * (P.shards + 1u + P.w), split);
+    let first = range.x;
+    let n = range.y;
+    if (n == 0u && P.shard != 0u) {
+        return;
+    }
     let subs = TK / SG;
 
     let e = P.e;

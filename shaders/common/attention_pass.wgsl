@@ -44,6 +44,43 @@ fn rec(base: u32, step: u32, j: u32, hc: u32, rs: u32) -> u32 {
     return (base + min(j, hc - 1u) * step) * rs;
 }
 
+// Quad c of the records of heads 4q … 4q + 3 as the columns of a matrix (heads past hc
+// repeat the last one).
+fn get_acc(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32) -> mat4x4<f32> {
+    return mat4x4<f32>(part[rec(base, step, 4u * q, hc, rs) + c],
+                       part[rec(base, step, 4u * q + 1u, hc, rs) + c],
+                       part[rec(base, step, 4u * q + 2u, hc, rs) + c],
+                       part[rec(base, step, 4u * q + 3u, hc, rs) + c]);
+}
+// Stores quad c of the records of heads 4q … 4q + 3 (those below hc) from the columns of a.
+fn put_acc(base: u32, step: u32, q: u32, hc: u32, rs: u32, c: u32, a: mat4x4<f32>) {
+    let j = 4u * q;
+    if (j < hc) { part[rec(base, step, j, hc, rs) + c] = a[0]; }
+    if (j + 1u < hc) { part[rec(base, step, j + 1u, hc, rs) + c] = a[1]; }
+    if (j + 2u < hc) { part[rec(base, step, j + 2u, hc, rs) + c] = a[2]; }
+    if (j + 3u < hc) { part[rec(base, step, j + 3u, hc, rs) + c] = a[3]; }
+}
+// The (m, l) entries of four heads as record quads (columns), and back.
+fn ml_rec(m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(vec4<f32>(m.x, l.x, 0.0, 0.0), vec4<f32>(m.y, l.y, 0.0, 0.0),
+                       vec4<f32>(m.z, l.z, 0.0, 0.0), vec4<f32>(m.w, l.w, 0.0, 0.0));
+}
+fn ml_m(r: mat4x4<f32>) -> vec4<f32> {
+    return vec4<f32>(r[0].x, r[1].x, r[2].x, r[3].x);
+}
+fn ml_l(r: mat4x4<f32>) -> vec4<f32> {
+    return vec4<f32>(r[0].y, r[1].y, r[2].y, r[3].y);
+}
+
+// The entries of split `split` in the shard's part of row list `list` (stage 1 checked every
+// entry): (index of the first in `routes`, how many).
+fn split_range(list: u32, split: u32) -> vec2<u32> {
+    let lo = routes[list + P.shard];
+    let count = routes[list + P.shard + 1u] - lo;
+    let a = min(split * P.split_len, count);
+    return vec2<u32>(list + P.shards + 1u + lo + a, min(count - a, P.split_len));
+}
+
 // Four heads' accumulators (columns) rescaled per head.
 fn rescale(a: mat4x4<f32>, s: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(a[0] * s.x, a[1] * s.y, a[2] * s.z, a[3] * s.w);

@@ -9,6 +9,12 @@ const DC: u32 = 128u;  // the portable kernel's query channels staged at a time;
 // Portable kernel: qs[c][h / 4][h % 4] = q of chunk head h, channel c. Both: the merge below.
 var<workgroup> qs: array<mat4x4<f32>, DC>;
 
+// Channels c … c + 3 (query q0 … q3, keys k) added to accumulator a, in channel order.
+fn acc4(a: mat4x4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32>,
+        k: vec4<f32>) -> mat4x4<f32> {
+    return a + q0 * k.x + q1 * k.y + q2 * k.z + q3 * k.w;
+}
+
 fn mmax(a: mat4x4<f32>, b: mat4x4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]));
 }

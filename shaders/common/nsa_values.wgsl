@@ -135,6 +135,17 @@ fn tile_probs(lid: u32, t0: u32, nt: u32, rk: u32, kv: u32, b: u32, hc: u32, nq:
     }
 }
 
+// Accumulated values of channel ch (if it exists) for the chunk's nq quads.
+fn store_part(a: mat4x4<f32>, ch: u32, at: u32, nq: u32) {
+    if (ch < P.dv) {
+        let t = at + ch * quads();
+        scratch[t] = a[0];
+        if (nq > 1u) { scratch[t + 1u] = a[1]; }
+        if (nq > 2u) { scratch[t + 2u] = a[2]; }
+        if (nq > 3u) { scratch[t + 3u] = a[3]; }
+    }
+}
+
 // round_T(P) of tile token jj, as step 2 left it.
 fn tile_p(jj: u32) -> mat4x4<f32> {
     if (T_KIND == 2u) {

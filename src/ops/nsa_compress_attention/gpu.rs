@@ -289,19 +289,21 @@ pub fn dispatch_nsa_compress_attention<'a>(
         );
     }
     let common = [b.lens, b.block_table, b.flags];
-    let logits = if logits_subgroup_pass(ctx.caps.subgroup_size, k16) {
-        LOGITS_SG
+    // The portable logits and values kernels are specialised by BY16; their subgroup variants
+    // run only with 16-byte rows and take no such constant.
+    let (logits, k_by16) = if logits_subgroup_pass(ctx.caps.subgroup_size, k16) {
+        (LOGITS_SG, None)
     } else {
-        OP
+        (OP, Some(k16))
     };
-    let values = if values_subgroup_pass(ctx.caps.subgroup_size, v16, prm.dv) {
-        VALUES_SG
+    let (values, v_by16) = if values_subgroup_pass(ctx.caps.subgroup_size, v16, prm.dv) {
+        (VALUES_SG, None)
     } else {
-        "nsa_compress_attention_values"
+        ("nsa_compress_attention_values", Some(v16))
     };
     let stages: [(&'static str, Option<bool>, [&'a wgpu::Buffer; 4]); 3] = [
-        (logits, Some(k16), [b.query, b.key, key4, b.scratch]),
-        (values, Some(v16), [b.value, value4, b.scratch, b.psum]),
+        (logits, k_by16, [b.query, b.key, key4, b.scratch]),
+        (values, v_by16, [b.value, value4, b.scratch, b.psum]),
         (
             "nsa_compress_attention_finish",
             None,
