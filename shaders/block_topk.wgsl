@@ -123,14 +123,43 @@ fn selected(key: u32, lo: u32, th: u32, tl: u32, mh: u32, ml: u32) -> bool {
     return key != 0u && at_or_above(key, lo, th, tl, mh, ml);
 }
 
+// Stores the entry (key, column c) at position p of `skey` / `scol`.
+fn put_entry(p: u32, key: u32, c: u32) {
+    skey[p >> 2u][p & 3u] = key;
+    atomicOr(&scol[p >> 1u], c << (16u * (p & 1u)));
+}
+
 // Stores a selected entry (key, column c) at position *pos of `skey` / `scol`.
 fn place(key: u32, c: u32, th: u32, tl: u32, mh: u32, ml: u32, pos: ptr<function, u32>) {
     let p = *pos;
     if (selected(key, 0xffffu - c, th, tl, mh, ml) && p < MAX_K) {
-        skey[p >> 2u][p & 3u] = key;
-        atomicOr(&scol[p >> 1u], c << (16u * (p & 1u)));
+        put_entry(p, key, c);
         *pos = p + 1u;
     }
+}
+
+// Which of the four columns c … c + 3 (scores v) are selected: bits 0 … 3.
+fn sel4(v: vec4<u32>, c: u32, th: u32, tl: u32, mh: u32, ml: u32) -> u32 {
+    return u32(selected(key_of(v.x), 0xffffu - c, th, tl, mh, ml))
+        | (u32(selected(key_of(v.y), 0xfffeu - c, th, tl, mh, ml)) << 1u)
+        | (u32(selected(key_of(v.z), 0xfffdu - c, th, tl, mh, ml)) << 2u)
+        | (u32(selected(key_of(v.w), 0xfffcu - c, th, tl, mh, ml)) << 3u);
+}
+
+// Before-counts of the four entries of quad q of `skey` against keys k at positions p.
+fn before_quad(v: vec4<u32>, q: u32, p: vec4<u32>, k: vec4<u32>) -> vec4<u32> {
+    let j = 4u * q;
+    return before4(v.x, j, p, k) + before4(v.y, j + 1u, p, k) + before4(v.z, j + 2u, p, k)
+        + before4(v.w, j + 3u, p, k);
+}
+
+// Step 3's columns of invocation lid: [x, y) of the row, read as vec4s when z is 1 (rows
+// start on a vec4 when W is a multiple of 4).
+fn chunk_of(lid: u32) -> vec3<u32> {
+    let v4 = (P.w & 3u) == 0u;
+    let chunk = select((P.w + WG - 1u) / WG, ((P.w + 4u * WG - 1u) / (4u * WG)) * 4u, v4);
+    let c0 = min(lid * chunk, P.w);
+    return vec3<u32>(c0, min(c0 + chunk, P.w), u32(v4));
 }
 
 // Marks columns o .. o + 3 of the chunk (bits, o a multiple of 4 or bits one bit) in the
@@ -162,15 +191,20 @@ fn gt4(v: vec4<u32>, k: vec4<u32>) -> vec4<u32> {
         + select(zero, one, vec4<u32>(v.z) > k) + select(zero, one, vec4<u32>(v.w) > k);
 }
 
+// The radix search from scratch: no digit chosen, nothing found (invocation 0).
+fn clear_search() {
+    thr_hi = 0u;
+    thr_lo = 0u;
+    mask_hi = 0u;
+    mask_lo = 0u;
+    done = 0u;
+    rem = 0u;
+}
+
 // The shared state of a row's search: no threshold yet (or "key >= 1" when W <= k).
 fn init_state(lid: u32) {
     if (lid == 0u) {
-        thr_hi = 0u;
-        thr_lo = 0u;
-        mask_hi = 0u;
-        mask_lo = 0u;
-        done = 0u;
-        rem = 0u;
+        clear_search();
         thr_s = 0u;
         sampled = 0u;
         retry = 0u;
@@ -359,11 +393,8 @@ fn rank_write(id: u32, lid: u32) {
         }
         for (var q = qo; q < min(qo + 2u, nq); q++) {
             let v = skey[q];
-            let j = 4u * q;
-            ra += before4(v.x, j, pa, ka) + before4(v.y, j + 1u, pa, ka)
-                + before4(v.z, j + 2u, pa, ka) + before4(v.w, j + 3u, pa, ka);
-            rb += before4(v.x, j, pb, kb) + before4(v.y, j + 1u, pb, kb)
-                + before4(v.z, j + 2u, pb, kb) + before4(v.w, j + 3u, pb, kb);
+            ra += before_quad(v, q, pa, ka);
+            rb += before_quad(v, q, pb, kb);
         }
         for (var q = qo + 2u; q < nq; q++) {
             let v = skey[q];
@@ -416,18 +447,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let mh = mask_hi;
     let ml = mask_lo;
     // Chunks of whole vec4s when rows start on one (W a multiple of 4): vector loads.
-    let v4 = (P.w & 3u) == 0u;
-    let chunk = select((P.w + WG - 1u) / WG, ((P.w + 4u * WG - 1u) / (4u * WG)) * 4u, v4);
-    let c0 = min(lid * chunk, P.w);
-    let c1 = min(c0 + chunk, P.w);
+    let cr = chunk_of(lid);
+    let c0 = cr.x;
+    let c1 = cr.y;
+    let v4 = cr.z != 0u;
     var mine = 0u;
     if (v4) {
         for (var c = c0; c < c1; c += 4u) {
-            let v = scores[(base + c) >> 2u];
-            mine += u32(selected(key_of(v.x), 0xffffu - c, th, tl, mh, ml))
-                + u32(selected(key_of(v.y), 0xfffeu - c, th, tl, mh, ml))
-                + u32(selected(key_of(v.z), 0xfffdu - c, th, tl, mh, ml))
-                + u32(selected(key_of(v.w), 0xfffcu - c, th, tl, mh, ml));
+            mine += countOneBits(sel4(scores[(base + c) >> 2u], c, th, tl, mh, ml));
         }
     } else {
         for (var c = c0; c < c1; c++) {
@@ -483,10 +510,7 @@ fn wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var ra = vec4<u32>(0u);
     let nq = select(0u, SAMPLE / 4u, lid < SAMPLE / 4u);
     for (var q = 0u; q < nq; q++) {
-        let v = skey[q];
-        let j = 4u * q;
-        ra += before4(v.x, j, pa, ka) + before4(v.y, j + 1u, pa, ka)
-            + before4(v.z, j + 2u, pa, ka) + before4(v.w, j + 3u, pa, ka);
+        ra += before_quad(skey[q], q, pa, ka);
     }
     let goal = clamp((5u * P.k * SAMPLE + 2u * P.w - 1u) / (2u * P.w), 1u, SAMPLE) - 1u;
     if (lid < SAMPLE / 4u) {
@@ -505,10 +529,10 @@ fn wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         sampled = 1u;
     }
 
-    let v4 = (P.w & 3u) == 0u;
-    let chunk = select((P.w + WG - 1u) / WG, ((P.w + 4u * WG - 1u) / (4u * WG)) * 4u, v4);
-    let c0 = min(lid * chunk, P.w);
-    let c1 = min(c0 + chunk, P.w);
+    let cr = chunk_of(lid);
+    let c0 = cr.x;
+    let c1 = cr.y;
+    let v4 = cr.z != 0u;
     var th = 0u;
     var tl = 0u;
     var mh = 0u;
@@ -527,12 +551,7 @@ fn wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         mb = vec4<u32>(0u);
         if (v4) {
             for (var c = c0; c < c1; c += 4u) {
-                let v = scores[(base + c) >> 2u];
-                let nib = u32(selected(key_of(v.x), 0xffffu - c, th, tl, mh, ml))
-                    | (u32(selected(key_of(v.y), 0xfffeu - c, th, tl, mh, ml)) << 1u)
-                    | (u32(selected(key_of(v.z), 0xfffdu - c, th, tl, mh, ml)) << 2u)
-                    | (u32(selected(key_of(v.w), 0xfffcu - c, th, tl, mh, ml)) << 3u);
-                set_bits(&ma, &mb, c - c0, nib);
+                set_bits(&ma, &mb, c - c0, sel4(scores[(base + c) >> 2u], c, th, tl, mh, ml));
             }
         } else {
             for (var c = c0; c < c1; c++) {
@@ -549,12 +568,7 @@ fn wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if (sampled != 0u && (acc < P.k || acc > MAX_K)) {
                 retry = 1u;
                 sampled = 0u;
-                thr_hi = 0u;
-                thr_lo = 0u;
-                mask_hi = 0u;
-                mask_lo = 0u;
-                done = 0u;
-                rem = 0u;
+                clear_search();
             } else {
                 retry = 0u;
             }
@@ -565,7 +579,7 @@ fn wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     // Only the marked columns: one iteration per selected entry, not per column.
     var pos = sfx[lid] + part[lid >> 4u];
-    let words = select(0u, (chunk + 31u) / 32u, mine != 0u);
+    let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
     for (var wi = 0u; wi < words; wi++) {
         var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
         loop {
@@ -576,8 +590,7 @@ fn wide(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             bits &= bits - 1u;
             let p = pos;
             if (p < MAX_K) {
-                skey[p >> 2u][p & 3u] = key_of(score_bits(base + c));
-                atomicOr(&scol[p >> 1u], c << (16u * (p & 1u)));
+                put_entry(p, key_of(score_bits(base + c)), c);
             }
             pos = p + 1u;
         }
