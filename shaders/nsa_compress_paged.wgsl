@@ -61,54 +61,61 @@ fn batch_of(w: u32) -> u32 {
     return lo;
 }
 
-// Element `e` of the step's output space: its value, and its element index in the cache (or
-// NO_WORD, flagged, when a length, page or block is out of range).
-fn element(e: u32) -> vec2<u32> {
+// Element `e` of the step's output space and, when `two`, element e + 1 (e even: both lie in
+// one window row, N·width being even): their values (x, y) and the cache index of e (z), or
+// NO_WORD in z, flagged, when a length, page or block is out of range. The window's checks and
+// each tap's page lookup serve both; each value is still summed in tap order.
+fn elements(e: u32, two: bool) -> vec3<u32> {
     let row = P.heads * P.width;
     let w = e / row;
     let rem = e % row;
     let n = rem / P.width;
     let c = rem % P.width;
+    let n1 = (rem + 1u) / P.width;
+    let c1 = (rem + 1u) % P.width;
     let b = batch_of(w);
     if (P.batches == 0u || w < win_off(b) || w >= win_off(b + 1u)) {
         atomicOr(&flags, FLAG_NSA_LENGTHS);
-        return vec2<u32>(0u, NO_WORD);
+        return vec3<u32>(0u, 0u, NO_WORD);
     }
     let i = first_win(b) + (w - win_off(b));
     let start = i * P.d;
     if (start + P.l > raw_len(b)) {
         atomicOr(&flags, FLAG_NSA_LENGTHS);
-        return vec2<u32>(0u, NO_WORD);
+        return vec3<u32>(0u, 0u, NO_WORD);
     }
     let col = i / P.cmp_page;
     if (col >= P.max_cmp_blocks) {
         atomicOr(&flags, FLAG_PAGE_SLOT);
-        return vec2<u32>(0u, NO_WORD);
+        return vec3<u32>(0u, 0u, NO_WORD);
     }
     let blk = table[b * P.max_cmp_blocks + col];
     if (blk >= P.cmp_blocks) {
         atomicOr(&flags, FLAG_PAGE);
-        return vec2<u32>(0u, NO_WORD);
+        return vec3<u32>(0u, 0u, NO_WORD);
     }
     var acc = 0.0;
+    var acc1 = 0.0;
     for (var t = 0u; t < P.l; t++) {
         let pos = start + t;
         let pc = pos / P.page_size;
         if (pc >= P.max_pages) {
             atomicOr(&flags, FLAG_PAGE_SLOT);
-            return vec2<u32>(0u, NO_WORD);
+            return vec3<u32>(0u, 0u, NO_WORD);
         }
         let page = page_of(b, pc);
         if (page >= P.num_pages) {
             atomicOr(&flags, FLAG_PAGE);
-            return vec2<u32>(0u, NO_WORD);
+            return vec3<u32>(0u, 0u, NO_WORD);
         }
-        let src = page * P.page_stride + P.plane_off
-            + ((pos % P.page_size) * P.heads + n) * P.head_dim + c;
-        acc += ld_w(t * P.heads + n) * ld_pool(src);
+        let at = page * P.page_stride + P.plane_off + (pos % P.page_size) * P.heads * P.head_dim;
+        acc += ld_w(t * P.heads + n) * ld_pool(at + n * P.head_dim + c);
+        if (two) {
+            acc1 += ld_w(t * P.heads + n1) * ld_pool(at + n1 * P.head_dim + c1);
+        }
     }
     let dst = (blk * P.cmp_page + i % P.cmp_page) * row + rem;
-    return vec2<u32>(bitcast<u32>(acc), dst);
+    return vec3<u32>(bitcast<u32>(acc), bitcast<u32>(acc1), dst);
 }
 
 @compute @workgroup_size(64)
@@ -119,28 +126,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     if (T_KIND == 0u) {
-        let v = element(word);
-        if (v.y != NO_WORD) {
-            cache[v.y] = v.x;
+        let v = elements(word, false);
+        if (v.z != NO_WORD) {
+            cache[v.z] = v.x;
         }
         return;
     }
-    // Elements 2·word and 2·word + 1 lie in one cache row (N·width is even), so they share
-    // one cache word.
-    var bits = 0u;
-    var dst = NO_WORD;
-    for (var k = 0u; k < 2u; k++) {
-        let e = 2u * word + k;
-        if (e < P.total) {
-            let v = element(e);
-            if (v.y == NO_WORD) {
-                return;
-            }
-            bits |= t_bits(bitcast<f32>(v.x), v.y);
-            dst = t_word(v.y);
-        }
+    // Elements 2·word and 2·word + 1 share one cache word.
+    let e = 2u * word;
+    let two = e + 1u < P.total;
+    let v = elements(e, two);
+    if (v.z == NO_WORD) {
+        return;
     }
-    if (dst != NO_WORD) {
-        cache[dst] = bits;
+    var bits = t_bits(bitcast<f32>(v.x), v.z);
+    if (two) {
+        bits |= t_bits(bitcast<f32>(v.y), v.z + 1u);
     }
+    cache[t_word(v.z)] = bits;
 }
