@@ -200,7 +200,7 @@ impl QsaIndexer {
                 ),
             ));
         }
-        let table = self.pool.tables[slot].clone().unwrap();
+        let table = self.pool.tables[slot].as_deref().unwrap();
         let (ps, es, dt) = (kv.layout.page_size, kv.host.dtype.size(), kv.host.dtype);
         let sp = kv.shard_pages;
         let mut t = start;

@@ -343,7 +343,7 @@ impl QsaIndexer {
         self.pool.commit(seq, count);
         let es = self.cfg.dtype.size();
         let ps = self.cfg.page_size;
-        let table = self.pool.tables[seq].clone().unwrap();
+        let table = self.pool.tables[seq].as_deref().unwrap();
         // One write per page touched. Within a page the K rows are contiguous on the host and
         // on the device alike, and pages start on whole words (checked by the config), so a
         // 16-bit run of odd length is widened to whole words with its neighbours' (identical)

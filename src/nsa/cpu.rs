@@ -162,11 +162,9 @@ impl NsaSelector {
         let c = &self.cfg;
         let nb = plan.slots.len();
         let (tokens, count) = select_expand_cpu(topk, &plan.positions, c.lsel)?;
-        let cached: Vec<u32> = (0..nb)
-            .map(|b| (plan.len[b] - plan.new[b]) as u32)
-            .collect();
+        let cached = plan.cached_lengths();
         let rows = plan.row_offsets();
-        let m = TensorMap::from([
+        let mut m = TensorMap::from([
             ("query".to_string(), query.clone()),
             ("kv_blocks".to_string(), self.pool.tensor()),
             (
@@ -181,18 +179,19 @@ impl NsaSelector {
                 "cache_lengths".to_string(),
                 Tensor::from_u32(&[nb], &cached),
             ),
-            ("token_indices".to_string(), tokens.clone()),
-            ("token_count".to_string(), count.clone()),
+            ("token_indices".to_string(), tokens),
+            ("token_count".to_string(), count),
         ]);
         let a = AttrMap::from([
             ("scale".to_string(), json!(c.softmax_scale())),
             ("v_head_dim".to_string(), json!(c.dv)),
         ]);
         let out = cpu_op("sparse_attention", &m, &a)?.remove("out").unwrap();
+        let mut take = |name: &str| (name.to_string(), m.remove(name).unwrap());
         Ok(TensorMap::from([
             ("out".to_string(), out),
-            ("token_indices".to_string(), tokens),
-            ("token_count".to_string(), count),
+            take("token_indices"),
+            take("token_count"),
         ]))
     }
 }

@@ -245,7 +245,7 @@ impl NsaSelector {
         }
         // One write per plane and page touched: rows are whole words (checked by the config).
         let (ps, es) = (c.page_size, c.dtype.size());
-        let pages = self.pool.tables[slot].clone().unwrap();
+        let pages = self.pool.tables[slot].as_deref().unwrap();
         let row = c.n2 * dp * es;
         let mut t = start;
         while t < start + count {

@@ -40,6 +40,15 @@ impl StepPlan {
         offsets(&self.new)
     }
 
+    /// Tokens of each entry cached before the step's new ones.
+    pub fn cached_lengths(&self) -> Vec<u32> {
+        self.len
+            .iter()
+            .zip(&self.new)
+            .map(|(&len, &new)| (len - new) as u32)
+            .collect()
+    }
+
     /// First output row of each entry's new windows, then their total.
     pub fn win_offsets(&self) -> Vec<u32> {
         let new: Vec<usize> = (0..self.slots.len())
@@ -142,15 +151,6 @@ impl NsaSelector {
             ));
         }
         Ok(p)
-    }
-
-    /// The selected attention's geometry for `t` rows of `n` sequences.
-    pub(crate) fn attention_geometry(
-        &self,
-        t: usize,
-        n: usize,
-    ) -> sparse_attention::AttentionGeometry {
-        attention_geometry(&self.cfg, self.pool.layout, t, n)
     }
 }
 

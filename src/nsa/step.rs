@@ -224,20 +224,17 @@ impl NsaSelector {
         let t = plan.rows();
         let rows = plan.row_offsets();
         let lens: Vec<u32> = [
-            u32s(&plan.new),
-            u32s(&plan.cmp),
-            u32s(&plan.len),
-            rows.clone(),
+            &u32s(&plan.new)[..],
+            &u32s(&plan.cmp),
+            &u32s(&plan.len),
+            &rows,
         ]
         .concat();
         b.lens.write(&ctx, bytemuck::cast_slice(&lens));
         b.query.write(&ctx, &query.data);
         b.positions
             .write(&ctx, bytemuck::cast_slice(&plan.positions));
-        let cached: Vec<u32> = (0..nb)
-            .map(|i| (plan.len[i] - plan.new[i]) as u32)
-            .collect();
-        let table = pack_seqs(&rows, &cached, &plan.page_table);
+        let table = pack_seqs(&rows, &plan.cached_lengths(), &plan.page_table);
         b.attn_seqs.write(&ctx, &table.data);
         let c_max = *plan.cmp.iter().max().unwrap();
         let prm = NsaCompressAttentionParams {
@@ -304,7 +301,7 @@ impl NsaSelector {
 
         // 4. Attention over them: H = N1, Hkv = Hs = N2, E = Dqk, Ev = Dv; the raw pool is one
         // shard, the scratch the step's own.
-        let geo = self.attention_geometry(t, nb);
+        let geo = attention_geometry(&c, self.pool.layout, t, nb);
         let ap = params_kv(&geo, c.dqk, c.dv)?;
         let np = geo.layout.num_pages;
         let ab = ShardedAttentionBuffers {
