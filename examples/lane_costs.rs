@@ -128,32 +128,20 @@ fn subgroup_broadcast(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 "#;
 
-/// (entry point, what it measures, needs subgroups)
-const ENTRIES: &[(&str, &str, bool)] = &[
-    ("arith", "vec4 multiply-add chain (the loop)", false),
-    ("load_rows", "16-byte load, own row per invocation", false),
-    ("load_rows_4b", "4-byte load, own row per invocation", false),
-    (
-        "load_rows_32b",
-        "two neighbouring 16-byte loads, own rows",
-        false,
-    ),
-    (
-        "load_jumps",
-        "16-byte load, neighbours, 64 KiB jumps",
-        false,
-    ),
-    ("load_same", "16-byte load, same address in all", false),
-    (
-        "workgroup_read",
-        "16-byte workgroup read, same in all",
-        false,
-    ),
-    ("private_index", "private array, index from the loop", false),
-    ("subgroup_add", "subgroupAdd of a vec4", true),
-    ("subgroup_shuffle", "subgroupShuffle of a vec4", true),
-    ("subgroup_shuffle_xor", "subgroupShuffleXor of a vec4", true),
-    ("subgroup_broadcast", "subgroupBroadcast of a vec4", true),
+/// (entry point, what it measures); the `subgroup_*` probes need subgroups.
+const ENTRIES: &[(&str, &str)] = &[
+    ("arith", "vec4 multiply-add chain (the loop)"),
+    ("load_rows", "16-byte load, own row per invocation"),
+    ("load_rows_4b", "4-byte load, own row per invocation"),
+    ("load_rows_32b", "two neighbouring 16-byte loads, own rows"),
+    ("load_jumps", "16-byte load, neighbours, 64 KiB jumps"),
+    ("load_same", "16-byte load, same address in all"),
+    ("workgroup_read", "16-byte workgroup read, same in all"),
+    ("private_index", "private array, index from the loop"),
+    ("subgroup_add", "subgroupAdd of a vec4"),
+    ("subgroup_shuffle", "subgroupShuffle of a vec4"),
+    ("subgroup_shuffle_xor", "subgroupShuffleXor of a vec4"),
+    ("subgroup_broadcast", "subgroupBroadcast of a vec4"),
 ];
 
 fn main() -> qsa_wgpu::Result<()> {
@@ -167,7 +155,7 @@ fn main() -> qsa_wgpu::Result<()> {
     } else {
         PROBES
             .split("\n@compute")
-            .filter(|part| !part.contains("subgroup"))
+            .filter(|part| !qsa_wgpu::shaders::uses_subgroups(part))
             .collect::<Vec<_>>()
             .join("\n@compute")
     };
@@ -186,8 +174,8 @@ fn main() -> qsa_wgpu::Result<()> {
     };
     let (src_buf, dst_buf) = (buffer("lane_costs.src"), buffer("lane_costs.dst"));
     println!("{:<22} {:<42} {:>8}", "probe", "what", "ns");
-    for &(entry, what, needs_subgroups) in ENTRIES {
-        if needs_subgroups && !subgroups {
+    for &(entry, what) in ENTRIES {
+        if entry.starts_with("subgroup") && !subgroups {
             println!("{entry:<22} {what:<42} {:>8}", "-");
             continue;
         }

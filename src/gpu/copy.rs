@@ -56,21 +56,21 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
         stride: groups * 256,
         ..Default::default()
     };
-    let (copy_ms, ts) = best_ms(ctx, "main", &walk, groups, &src, &dst, runs).await?;
+    let copy_ms = best_ms(ctx, "main", &walk, groups, &src, &dst, runs).await?;
     // The same grid as the copy: on llvmpipe fewer, longer invocations read 3x slower (each
     // SIMD vector then walks the whole buffer at a stride of megabytes).
-    let (read_ms, _) = best_ms(ctx, "load_sum", &walk, groups, &src, &dst, runs).await?;
+    let read_ms = best_ms(ctx, "load_sum", &walk, groups, &src, &dst, runs).await?;
     let arith = BenchCopyParams {
         words: FMA_ITERS,
         ..Default::default()
     };
-    let (fma_ms, _) = best_ms(ctx, "arith", &arith, FMA_GROUPS, &src, &dst, runs).await?;
+    let fma_ms = best_ms(ctx, "arith", &arith, FMA_GROUPS, &src, &dst, runs).await?;
     let flops = FMA_GROUPS as f64 * 256.0 * FMA_ITERS as f64 * 128.0;
     Ok(Roofline {
         copy_gbs: 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9,
         read_gbs: bytes as f64 / (read_ms * 1e-3) / 1e9,
         fma_gflops: flops / (fma_ms * 1e-3) / 1e9,
-        timestamps: ts,
+        timestamps: ctx.caps.timestamps,
     })
 }
 
@@ -83,7 +83,7 @@ async fn best_ms(
     src: &wgpu::Buffer,
     dst: &wgpu::Buffer,
     runs: usize,
-) -> Result<(f64, bool)> {
+) -> Result<f64> {
     let d = Dispatch {
         key: PipelineKey::new("bench_copy", entry),
         params: bytemuck::bytes_of(prm),
@@ -115,5 +115,5 @@ async fn best_ms(
             best = best.min(ms);
         }
     }
-    Ok((best, timer.is_some()))
+    Ok(best)
 }

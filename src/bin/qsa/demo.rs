@@ -55,6 +55,13 @@ impl Default for DemoArgs {
 const HI: usize = 4;
 const DI: usize = 128;
 
+/// The median of `v` (the upper one of an even count; 0 for none).
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// The demos' common start: the storage type and sizes checked, then the context.
 pub(crate) fn setup(
     backend: &Option<String>,
@@ -203,20 +210,17 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
             steps += 1;
             tokens += rows;
         }
-        let mut ms = step_ms[first..].to_vec();
-        ms.sort_by(|a, b| a.total_cmp(b));
         println!(
             "{phase:8} {:4} steps, {} tokens/sequence now, {:.1} s, GPU step median {:.2} ms, every selection checked",
             sizes.len(),
             ix.len(0),
             t0.elapsed().as_secs_f64(),
-            ms.get(ms.len() / 2).copied().unwrap_or(0.0)
+            median(&step_ms[first..])
         );
     }
-    step_ms.sort_by(|a, b| a.total_cmp(b));
-    let median = step_ms.get(step_ms.len() / 2).copied().unwrap_or(0.0);
+    let step_median = median(&step_ms);
     println!(
-        "summary: {} sequences, {tokens} tokens, {steps} steps, GPU median {median:.2} ms/step (submit to results read back); {} selection rows: {} identical to the CPU reference, {} differ only by near ties (within {:?}), 0 wrong",
+        "summary: {} sequences, {tokens} tokens, {steps} steps, GPU median {step_median:.2} ms/step (submit to results read back); {} selection rows: {} identical to the CPU reference, {} differ only by near ties (within {:?}), 0 wrong",
         args.seqs, agree.rows, agree.exact, agree.near_ties, tol
     );
     if attn.is_some() {

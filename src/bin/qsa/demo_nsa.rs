@@ -16,12 +16,6 @@ use std::time::Instant;
 /// Four-token verify steps after the decode steps.
 const VERIFY_STEPS: usize = 2;
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
     let (dt, ctx) = crate::demo::setup(backend, args)?;
     let total = args.prefill + args.decode + 4 * VERIFY_STEPS;
@@ -115,14 +109,14 @@ pub fn run(backend: &Option<String>, args: &DemoArgs) -> Result<()> {
             sizes.first().copied().unwrap_or(0),
             sel.len(0),
             t0.elapsed().as_secs_f64(),
-            median(&step_ms[first..])
+            crate::demo::median(&step_ms[first..])
         );
     }
     println!(
         "summary: {} sequences, {} tokens, {steps} steps ({rows} query rows), GPU median {:.1} ms/step (submit to outputs read back); {} selection rows (query row × KV head): {} identical to the CPU reference, {} differ only by near ties (within {:?}), 0 wrong; selected-branch outputs within {:?}, compressed-branch within {:?}",
         args.seqs,
         args.seqs * sel.len(0),
-        median(&step_ms),
+        crate::demo::median(&step_ms),
         agree.rows,
         agree.exact,
         agree.near_ties,

@@ -145,8 +145,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
                     args.python,
                     args.runs
                 );
-                let one = std::slice::from_ref(p);
-                Some(report::run_peer(&args.python, script, one, args.runs)?)
+                report::run_peer(&args.python, script, p, args.runs)?
             }
             None => None,
         };
@@ -163,8 +162,8 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             m.floor_ms = 1e3
                 * (m.bytes as f64 / (roof.read_gbs * 1e9))
                     .max(m.flops as f64 / (roof.fma_gflops * 1e9));
-            if let Some(pm) = peer.as_ref().and_then(|pr| pr.get(p.as_str())) {
-                m.peer_median_ms = Some(*pm);
+            if let Some(pm) = peer {
+                m.peer_median_ms = Some(pm);
                 m.ratio = Some(m.wall_median_ms / pm);
             }
             match &m.note {

@@ -3,28 +3,23 @@
 use super::Measure;
 use qsa_wgpu::gpu::{Context, Roofline};
 use qsa_wgpu::{Error, Result};
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-/// Runs the PyTorch peer script once for `presets`; returns its median ms per preset.
-pub fn run_peer(
-    python: &str,
-    script: &str,
-    presets: &[String],
-    runs: usize,
-) -> Result<BTreeMap<String, f64>> {
-    let mut cmd = std::process::Command::new(python);
-    cmd.arg(script)
+/// Runs the PyTorch peer script for `preset`; returns its median ms (None when it printed
+/// none for the preset).
+pub fn run_peer(python: &str, script: &str, preset: &str, runs: usize) -> Result<Option<f64>> {
+    let out = std::process::Command::new(python)
+        .arg(script)
         .arg("--json")
         .arg("--runs")
-        .arg(runs.to_string());
-    for p in presets {
-        cmd.arg("--preset").arg(p);
-    }
-    let out = cmd.output().map_err(|source| Error::Io {
-        path: format!("{python} {script}"),
-        source,
-    })?;
+        .arg(runs.to_string())
+        .arg("--preset")
+        .arg(preset)
+        .output()
+        .map_err(|source| Error::Io {
+            path: format!("{python} {script}"),
+            source,
+        })?;
     if !out.status.success() {
         return Err(Error::Case(format!(
             "the peer failed ({}): {}",
@@ -32,15 +27,15 @@ pub fn run_peer(
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    let mut m = BTreeMap::new();
+    let mut median = None;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let v: serde_json::Value = serde_json::from_str(line)
             .map_err(|e| Error::Case(format!("the peer printed {line:?}: {e}")))?;
-        if let (Some(p), Some(ms)) = (v["preset"].as_str(), v["median_ms"].as_f64()) {
-            m.insert(p.to_string(), ms);
+        if v["preset"].as_str() == Some(preset) {
+            median = median.or(v["median_ms"].as_f64());
         }
     }
-    Ok(m)
+    Ok(median)
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
