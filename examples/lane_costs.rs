@@ -16,8 +16,12 @@ const LANE_ITERATIONS: f64 = 64.0 * 64.0 * 1024.0;
 const PROBES: &str = r#"
 @group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
+@group(0) @binding(2) var tex: texture_2d<f32>; // as many 16-byte texels as src has words
 var<workgroup> sh: array<vec4<f32>, 256>;
 const N: u32 = 1024u;
+// Word indices wrap within the 64 MiB buffers (a mask: a division per lane would cost more
+// than some of the loads measured).
+const MASK: u32 = 0x3fffffu;
 
 fn fin(acc: vec4<f32>, gid: u32) {
     if (acc.x == 1.2345 + f32(arrayLength(&src))) { dst[gid] = acc; }
@@ -36,7 +40,38 @@ fn arith(@builtin(global_invocation_id) g: vec3<u32>) {
 fn load_rows(@builtin(global_invocation_id) g: vec3<u32>) {
     var acc = vec4<f32>(0.0);
     for (var i = 0u; i < N; i++) {
-        acc += src[((g.x + (i / 48u) * 4096u) * 48u + i % 48u) % arrayLength(&src)];
+        acc += src[((g.x + (i / 48u) * 4096u) * 48u + i % 48u) & MASK];
+    }
+    fin(acc, g.x);
+}
+
+// 16-byte texel fetches, the same walk over a texture of 8192-texel rows.
+@compute @workgroup_size(64)
+fn texture_rows(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        let w = ((g.x + (i / 48u) * 4096u) * 48u + i % 48u) & MASK;
+        acc += textureLoad(tex, vec2<u32>(w & 8191u, w >> 13u), 0);
+    }
+    fin(acc, g.x);
+}
+
+// The same two walks over only 1024 rows (768 KiB, which the caches hold).
+@compute @workgroup_size(64)
+fn load_rows_cached(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        acc += src[((g.x + (i / 48u) * 4096u) & 1023u) * 48u + i % 48u];
+    }
+    fin(acc, g.x);
+}
+
+@compute @workgroup_size(64)
+fn texture_rows_cached(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        let w = ((g.x + (i / 48u) * 4096u) & 1023u) * 48u + i % 48u;
+        acc += textureLoad(tex, vec2<u32>(w & 8191u, w >> 13u), 0);
     }
     fin(acc, g.x);
 }
@@ -46,7 +81,7 @@ fn load_rows(@builtin(global_invocation_id) g: vec3<u32>) {
 fn load_rows_4b(@builtin(global_invocation_id) g: vec3<u32>) {
     var acc = vec4<f32>(0.0);
     for (var i = 0u; i < N; i++) {
-        acc.x += src[((g.x + (i / 48u) * 4096u) * 48u + i % 48u) % arrayLength(&src)].x;
+        acc.x += src[((g.x + (i / 48u) * 4096u) * 48u + i % 48u) & MASK].x;
     }
     fin(acc, g.x);
 }
@@ -56,7 +91,7 @@ fn load_rows_4b(@builtin(global_invocation_id) g: vec3<u32>) {
 fn load_rows_32b(@builtin(global_invocation_id) g: vec3<u32>) {
     var acc = vec4<f32>(0.0);
     for (var i = 0u; i < N; i++) {
-        let w = ((g.x + (i / 24u) * 4096u) * 48u + 2u * (i % 24u)) % arrayLength(&src);
+        let w = ((g.x + (i / 24u) * 4096u) * 48u + 2u * (i % 24u)) & MASK;
         acc += src[w] + src[w + 1u];
     }
     fin(acc, g.x);
@@ -66,7 +101,7 @@ fn load_rows_32b(@builtin(global_invocation_id) g: vec3<u32>) {
 @compute @workgroup_size(64)
 fn load_jumps(@builtin(global_invocation_id) g: vec3<u32>) {
     var acc = vec4<f32>(0.0);
-    for (var i = 0u; i < N; i++) { acc += src[(i * 4096u + g.x) % arrayLength(&src)]; }
+    for (var i = 0u; i < N; i++) { acc += src[(i * 4096u + g.x) & MASK]; }
     fin(acc, g.x);
 }
 
@@ -132,6 +167,15 @@ fn subgroup_broadcast(@builtin(global_invocation_id) g: vec3<u32>) {
 const ENTRIES: &[(&str, &str)] = &[
     ("arith", "vec4 multiply-add chain (the loop)"),
     ("load_rows", "16-byte load, own row per invocation"),
+    (
+        "texture_rows",
+        "16-byte texel fetch, own row per invocation",
+    ),
+    ("load_rows_cached", "16-byte load, own rows, 768 KiB in all"),
+    (
+        "texture_rows_cached",
+        "16-byte texel fetch, own rows, 768 KiB",
+    ),
     ("load_rows_4b", "4-byte load, own row per invocation"),
     ("load_rows_32b", "two neighbouring 16-byte loads, own rows"),
     ("load_jumps", "16-byte load, neighbours, 64 KiB jumps"),
@@ -173,6 +217,21 @@ fn main() -> qsa_wgpu::Result<()> {
         })
     };
     let (src_buf, dst_buf) = (buffer("lane_costs.src"), buffer("lane_costs.dst"));
+    let texture = dev.create_texture(&wgpu::TextureDescriptor {
+        label: Some("lane_costs.tex"),
+        size: wgpu::Extent3d {
+            width: 8192,
+            height: (size / 16 / 8192) as u32,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba32Float,
+        usage: wgpu::TextureUsages::TEXTURE_BINDING,
+        view_formats: &[],
+    });
+    let view = texture.create_view(&Default::default());
     println!("{:<22} {:<42} {:>8}", "probe", "what", "ns");
     for &(entry, what) in ENTRIES {
         if entry.starts_with("subgroup") && !subgroups {
@@ -187,19 +246,27 @@ fn main() -> qsa_wgpu::Result<()> {
             compilation_options: Default::default(),
             cache: None,
         });
+        let mut entries = vec![
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: src_buf.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: dst_buf.as_entire_binding(),
+            },
+        ];
+        // Only the texture probe declares the texture (layouts are the probe's own).
+        if entry.starts_with("texture") {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 2,
+                resource: wgpu::BindingResource::TextureView(&view),
+            });
+        }
         let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(entry),
             layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: src_buf.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: dst_buf.as_entire_binding(),
-                },
-            ],
+            entries: &entries,
         });
         let mut best = f64::INFINITY;
         for _ in 0..6 {

@@ -56,8 +56,16 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/block_topk.wgsl"),
     ),
     (
+        "common/block_score.wgsl",
+        include_str!("../shaders/common/block_score.wgsl"),
+    ),
+    (
         "block_score.wgsl",
         include_str!("../shaders/block_score.wgsl"),
+    ),
+    (
+        "block_score_tex.wgsl",
+        include_str!("../shaders/block_score_tex.wgsl"),
     ),
     (
         "expand_route.wgsl",
@@ -106,6 +114,10 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "bench_copy.wgsl",
         include_str!("../shaders/bench_copy.wgsl"),
+    ),
+    (
+        "bench_copy_tex.wgsl",
+        include_str!("../shaders/bench_copy_tex.wgsl"),
     ),
     (
         "nsa_compress_paged.wgsl",

@@ -180,7 +180,8 @@ fn tilings_agree_at_tile_edges() {
     // Row tiles hold 24 rows and block tiles 1024 blocks: rows and widths here are multiples of
     // neither, sequences start mid-tile (one is empty), the early rows of the long-cached
     // sequence leave whole block tiles masked, chunks start mid-tile, and some widths (Di = 36
-    // in f16/bf16, Di = 10) take the element-by-element path (always in one-row tiles).
+    // in f16/bf16, Di = 10) take the element-by-element path (always in one-row tiles). Keys
+    // read from a texture (what the indexer binds) give the same scores bit for bit.
     let ctx = util::ctx();
     let mut rng = Rng::new(77);
     let rows = [30, 1, 0, 25, 49];
@@ -202,9 +203,10 @@ fn tilings_agree_at_tile_edges() {
             scale: None,
         };
         let want = cpu(&p.inputs(), &a).unwrap();
-        let run = |chunk: Option<usize>, tiling: Tiling| {
-            pollster::block_on(gpu_tiled(&ctx, &p.inputs(), &a, chunk, Some(tiling))).unwrap()
+        let run_with = |chunk: Option<usize>, tiling: Tiling, tex: bool| {
+            pollster::block_on(gpu_tiled(&ctx, &p.inputs(), &a, chunk, Some(tiling), tex)).unwrap()
         };
+        let run = |chunk, tiling| run_with(chunk, tiling, false);
         let rows_tiled = run(None, Tiling::RowTiles);
         compare(&rows_tiled, &want, TOL)
             .unwrap_or_else(|e| panic!("{dt} hi={hi} hs={hs} di={di} r={r} row tiles: {e}"));
@@ -218,6 +220,14 @@ fn tilings_agree_at_tile_edges() {
                 run(chunk, tiling),
                 rows_tiled,
                 "{dt} hi={hi} hs={hs} di={di} r={r}: {tiling:?} in chunks of {chunk:?} rows"
+            );
+        }
+        for (chunk, tiling) in [(None, Tiling::RowTiles), (Some(13), Tiling::OneRow)] {
+            assert_eq!(
+                run_with(chunk, tiling, true),
+                rows_tiled,
+                "{dt} hi={hi} hs={hs} di={di} r={r}: keys in a texture, {tiling:?} in chunks \
+                 of {chunk:?} rows"
             );
         }
     }
@@ -250,6 +260,7 @@ fn query_and_key_buffers_must_end_on_a_word() {
     let bufs = |query, keys| ScoreBuffers {
         query,
         keys,
+        keys_texture: None,
         row_offsets: &good,
         lens: &good,
         weights: None,

@@ -38,8 +38,8 @@ impl PipelineKey {
 pub struct CachedPipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
-    /// Binding numbers of group 0 in order, as the shader declares them.
-    pub bindings: Vec<u32>,
+    /// Bindings of group 0 (number, kind) in order, as the shader declares them.
+    pub bindings: Vec<(u32, BindingKind)>,
     pub workgroup_size: [u32; 3],
 }
 
@@ -56,7 +56,11 @@ pub struct PipelineCache {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BindingKind {
     Uniform,
-    Storage { read_only: bool },
+    Storage {
+        read_only: bool,
+    },
+    /// A 2-D texture of unsigned integer texels read by `textureLoad` (`texture_2d<u32>`).
+    TextureU32,
 }
 
 /// Group-0 bindings (number, kind) in order, and the workgroup size.
@@ -75,6 +79,18 @@ pub fn reflect(module: &naga::Module, entry: &str) -> Option<Reflection> {
             naga::AddressSpace::Uniform => BindingKind::Uniform,
             naga::AddressSpace::Storage { access } => BindingKind::Storage {
                 read_only: !access.contains(naga::StorageAccess::STORE),
+            },
+            naga::AddressSpace::Handle => match module.types[var.ty].inner {
+                naga::TypeInner::Image {
+                    dim: naga::ImageDimension::D2,
+                    arrayed: false,
+                    class:
+                        naga::ImageClass::Sampled {
+                            kind: naga::ScalarKind::Uint,
+                            multi: false,
+                        },
+                } => BindingKind::TextureU32,
+                _ => continue,
             },
             _ => continue,
         };
@@ -138,15 +154,18 @@ async fn build(
         .map(|(b, kind)| wgpu::BindGroupLayoutEntry {
             binding: *b,
             visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: match kind {
-                    BindingKind::Uniform => wgpu::BufferBindingType::Uniform,
-                    BindingKind::Storage { read_only } => wgpu::BufferBindingType::Storage {
+            ty: match kind {
+                BindingKind::Uniform => buffer_binding(wgpu::BufferBindingType::Uniform),
+                BindingKind::Storage { read_only } => {
+                    buffer_binding(wgpu::BufferBindingType::Storage {
                         read_only: *read_only,
-                    },
+                    })
+                }
+                BindingKind::TextureU32 => wgpu::BindingType::Texture {
+                    sample_type: wgpu::TextureSampleType::Uint,
+                    view_dimension: wgpu::TextureViewDimension::D2,
+                    multisampled: false,
                 },
-                has_dynamic_offset: false,
-                min_binding_size: None,
             },
             count: None,
         })
@@ -188,9 +207,17 @@ async fn build(
     Ok(CachedPipeline {
         pipeline,
         layout,
-        bindings: bindings.iter().map(|b| b.0).collect(),
+        bindings,
         workgroup_size,
     })
+}
+
+fn buffer_binding(ty: wgpu::BufferBindingType) -> wgpu::BindingType {
+    wgpu::BindingType::Buffer {
+        ty,
+        has_dynamic_offset: false,
+        min_binding_size: None,
+    }
 }
 
 /// An error and its chain of causes on one line (wgpu puts the reason a pipeline is invalid in

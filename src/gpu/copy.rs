@@ -1,10 +1,12 @@
 //! The adapter's own rooflines, measured with `shaders/bench_copy.wgsl`, which `qsa bench`
-//! reports every preset against: copy bandwidth (read + write), read bandwidth, and f32
-//! multiply-add throughput.
+//! reports every preset against: copy bandwidth (read + write), read bandwidth (of a storage
+//! buffer, and of a texture with `shaders/bench_copy_tex.wgsl`), and f32 multiply-add
+//! throughput.
 
 use super::{Context, Timer};
 use crate::error::Result;
 use crate::gpu::PipelineKey;
+use crate::ops::block_score::KeyTexture;
 use crate::ops::common::{Bound, Dispatch};
 use std::time::Instant;
 
@@ -25,10 +27,21 @@ pub struct Roofline {
     pub copy_gbs: f64,
     /// Read bandwidth, GB/s (a grid-stride sum of 16-byte words).
     pub read_gbs: f64,
+    /// The same walk over the texels of a texture (what the indexer's scoring reads), GB/s;
+    /// `None` when the adapter's textures cannot hold the buffer.
+    pub texture_read_gbs: Option<f64>,
     /// f32 multiply-add throughput, GFLOP/s (two FLOPs per multiply-add).
     pub fma_gflops: f64,
     /// Timed by timestamp queries (else by the wall clock around submit + wait).
     pub timestamps: bool,
+}
+
+impl Roofline {
+    /// The faster of the two read bandwidths, GB/s: what bounds a kernel that must read its
+    /// bytes once.
+    pub fn best_read_gbs(&self) -> f64 {
+        self.read_gbs.max(self.texture_read_gbs.unwrap_or(0.0))
+    }
 }
 
 /// Iterations per invocation of the `arith` probe (llvmpipe ends a loop after 65535).
@@ -56,40 +69,79 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
         stride: groups * 256,
         ..Default::default()
     };
-    let copy_ms = best_ms(ctx, "main", &walk, groups, &src, &dst, runs).await?;
+    let copy_ms = best_ms(
+        ctx,
+        "main",
+        dispatch("main", &walk, groups, vec![&src, &dst], None),
+        runs,
+    )
+    .await?;
     // The same grid as the copy: on llvmpipe fewer, longer invocations read 3x slower (each
     // SIMD vector then walks the whole buffer at a stride of megabytes).
-    let read_ms = best_ms(ctx, "load_sum", &walk, groups, &src, &dst, runs).await?;
+    let read_ms = best_ms(
+        ctx,
+        "load_sum",
+        dispatch("load_sum", &walk, groups, vec![&src, &dst], None),
+        runs,
+    )
+    .await?;
+    let texture_read_ms = match KeyTexture::new(ctx, "qsa.bench.texture", bytes) {
+        Some(tex) => Some(
+            best_ms(
+                ctx,
+                "load_tex",
+                dispatch("load_tex", &walk, groups, vec![&dst], Some(&tex.view)),
+                runs,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let arith = BenchCopyParams {
         words: FMA_ITERS,
         ..Default::default()
     };
-    let fma_ms = best_ms(ctx, "arith", &arith, FMA_GROUPS, &src, &dst, runs).await?;
+    let fma_ms = best_ms(
+        ctx,
+        "arith",
+        dispatch("arith", &arith, FMA_GROUPS, vec![&src, &dst], None),
+        runs,
+    )
+    .await?;
     let flops = FMA_GROUPS as f64 * 256.0 * FMA_ITERS as f64 * 128.0;
     Ok(Roofline {
         copy_gbs: 2.0 * bytes as f64 / (copy_ms * 1e-3) / 1e9,
         read_gbs: bytes as f64 / (read_ms * 1e-3) / 1e9,
+        texture_read_gbs: texture_read_ms.map(|ms| bytes as f64 / (ms * 1e-3) / 1e9),
         fma_gflops: flops / (fma_ms * 1e-3) / 1e9,
         timestamps: ctx.caps.timestamps,
     })
 }
 
-/// Best milliseconds of `runs` dispatches of entry point `entry` after a warm-up.
-async fn best_ms(
-    ctx: &Context,
+/// A dispatch of a roofline probe: `bench_copy_tex` when it reads a texture, else
+/// `bench_copy`.
+fn dispatch<'a>(
     entry: &'static str,
-    prm: &BenchCopyParams,
+    prm: &'a BenchCopyParams,
     groups: u32,
-    src: &wgpu::Buffer,
-    dst: &wgpu::Buffer,
-    runs: usize,
-) -> Result<f64> {
-    let d = Dispatch {
-        key: PipelineKey::new("bench_copy", entry),
-        params: bytemuck::bytes_of(prm),
-        buffers: vec![src, dst],
-        groups,
+    buffers: Vec<&'a wgpu::Buffer>,
+    texture: Option<&'a wgpu::TextureView>,
+) -> Dispatch<'a> {
+    let shader = match texture {
+        Some(_) => "bench_copy_tex",
+        None => "bench_copy",
     };
+    Dispatch {
+        key: PipelineKey::new(shader, entry),
+        params: bytemuck::bytes_of(prm),
+        buffers,
+        texture,
+        groups,
+    }
+}
+
+/// Best milliseconds of `runs` dispatches of `d` (entry point `entry`) after a warm-up.
+async fn best_ms(ctx: &Context, entry: &'static str, d: Dispatch<'_>, runs: usize) -> Result<f64> {
     let bound = Bound::new(ctx, &d).await?;
     let mut timer = Timer::new(ctx, 1);
     let mut best = f64::INFINITY;

@@ -271,6 +271,19 @@ impl QsaIndexer {
                 .record(&ctx, &mut enc, "compress", shard, d)
                 .await?;
         }
+        // The texture copy of the block keys follows the rows just compressed: blocks
+        // cache / r .. count / r of each slot, in whole 16-byte words.
+        if let Some(tex) = &self.keys_tex {
+            let row_bytes = (c.di * c.dtype.size()) as u64;
+            for i in 0..n {
+                let (lo, hi) = (cache[i] as usize / c.r, counts[i] as usize / c.r);
+                if hi > lo {
+                    let first = (i * self.max_blocks) as u64 * row_bytes;
+                    let (a, z) = (first + lo as u64 * row_bytes, first + hi as u64 * row_bytes);
+                    tex.copy_words(&mut enc, &self.keys_gpu.buffer, a / 16, z.div_ceil(16));
+                }
+            }
+        }
         if index_query_raw.is_none() {
             self.binds.submit(&ctx, OP, enc).await?;
             return Ok(self.outputs(0));
@@ -304,6 +317,7 @@ impl QsaIndexer {
         let sb = ScoreBuffers {
             query: &b.q.buffer,
             keys: &self.keys_gpu.buffer,
+            keys_texture: self.keys_tex.as_ref().map(|t| &t.view),
             row_offsets: &b.offs.buffer,
             lens: &b.lens.buffer,
             weights: None,

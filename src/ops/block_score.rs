@@ -1,7 +1,10 @@
 //! `block_score` (SPEC §4): ReLU-summed index scores of the visible blocks of each query row,
 //! −inf for the blocks it may not see. Shader: `shaders/block_score.wgsl`, with two tilings
 //! ([`Tiling`]) that give identical scores. A score matrix larger than the adapter's binding
-//! limit is computed in row chunks, each read back in turn.
+//! limit is computed in row chunks, each read back in turn. The block keys are read from a
+//! storage buffer, or from a [`KeyTexture`] copy of it (`shaders/block_score_tex.wgsl`, same
+//! scores bit for bit), which the indexer keeps because texel fetches are the faster loads on
+//! llvmpipe (docs/perf.md).
 
 use super::common::*;
 use crate::error::{Error, Result};
@@ -317,10 +320,106 @@ impl Tiling {
     }
 }
 
+/// Texels per row of a [`KeyTexture`] (the shader's `1 << KEY_TEX_SHIFT`).
+pub const KEY_TEX_WIDTH: u32 = 8192;
+
+/// A copy of a block-key buffer in a 2-D `Rgba32Uint` texture: its 16-byte words, row after
+/// row of [`KEY_TEX_WIDTH`] texels, for [`ScoreBuffers::keys_texture`]. The owner keeps it
+/// equal to the buffer by [`KeyTexture::copy_words`] after every write to the buffer.
+pub struct KeyTexture {
+    pub texture: wgpu::Texture,
+    pub view: wgpu::TextureView,
+    /// 16-byte words of the buffer mirrored.
+    words: u64,
+}
+
+impl KeyTexture {
+    /// A zeroed texture for a buffer of `bytes` (a multiple of 16), or `None` when it would
+    /// exceed the adapter's texture height.
+    pub fn new(ctx: &Context, label: &str, bytes: u64) -> Option<KeyTexture> {
+        let words = bytes / 16;
+        let rows = words.div_ceil(KEY_TEX_WIDTH as u64).max(1);
+        let max = ctx.limits.max_texture_dimension_2d as u64;
+        if KEY_TEX_WIDTH as u64 > max || rows > max {
+            return None;
+        }
+        let texture = ctx.device.create_texture(&wgpu::TextureDescriptor {
+            label: Some(label),
+            size: wgpu::Extent3d {
+                width: KEY_TEX_WIDTH,
+                height: rows as u32,
+                depth_or_array_layers: 1,
+            },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba32Uint,
+            usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+            view_formats: &[],
+        });
+        let view = texture.create_view(&Default::default());
+        Some(KeyTexture {
+            texture,
+            view,
+            words,
+        })
+    }
+
+    /// Records copies of `buffer`'s words `lo .. hi` (16-byte words, clamped to the mirrored
+    /// size) into the texture: a partial first row, whole rows, a partial last row.
+    pub fn copy_words(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        buffer: &wgpu::Buffer,
+        lo: u64,
+        hi: u64,
+    ) {
+        let (w, hi) = (KEY_TEX_WIDTH as u64, hi.min(self.words));
+        let mut at = lo;
+        while at < hi {
+            let (row, col) = (at / w, at % w);
+            // Within the first row, or whole rows from a row start.
+            let (width, rows) = if col != 0 || hi - at < w {
+                ((w - col).min(hi - at), 1)
+            } else {
+                (w, (hi - at) / w)
+            };
+            enc.copy_buffer_to_texture(
+                wgpu::TexelCopyBufferInfo {
+                    buffer,
+                    layout: wgpu::TexelCopyBufferLayout {
+                        offset: at * 16,
+                        bytes_per_row: Some((w * 16) as u32),
+                        rows_per_image: None,
+                    },
+                },
+                wgpu::TexelCopyTextureInfo {
+                    texture: &self.texture,
+                    mip_level: 0,
+                    origin: wgpu::Origin3d {
+                        x: col as u32,
+                        y: row as u32,
+                        z: 0,
+                    },
+                    aspect: wgpu::TextureAspect::All,
+                },
+                wgpu::Extent3d {
+                    width: width as u32,
+                    height: rows as u32,
+                    depth_or_array_layers: 1,
+                },
+            );
+            at += width * rows;
+        }
+    }
+}
+
 /// Device buffers of one score dispatch.
 pub struct ScoreBuffers<'a> {
     pub query: &'a wgpu::Buffer,
     pub keys: &'a wgpu::Buffer,
+    /// A [`KeyTexture`] equal to `keys`: when given, the shader reads it instead.
+    pub keys_texture: Option<&'a wgpu::TextureView>,
     pub row_offsets: &'a wgpu::Buffer,
     /// `[2, N]` u32: cache_lengths, then key_counts (used when `has_counts`).
     pub lens: &'a wgpu::Buffer,
@@ -352,7 +451,7 @@ pub fn dispatch_score_tiled<'a>(
     // The shader reads rows in 16-byte words, so both buffers must end on one (GpuTensor pads
     // every buffer so).
     for (name, buf) in [("index_query", b.query), ("block_keys", b.keys)] {
-        if !buf.size().is_multiple_of(16) {
+        if !buf.size().is_multiple_of(16) && (name == "index_query" || b.keys_texture.is_none()) {
             return Err(Error::input(
                 OP,
                 name,
@@ -385,20 +484,30 @@ pub fn dispatch_score_tiled<'a>(
             ),
         )
     })?;
+    let shader = if b.keys_texture.is_some() {
+        "block_score_tex"
+    } else {
+        OP
+    };
+    let mut buffers = vec![
+        b.query,
+        b.keys,
+        b.row_offsets,
+        b.lens,
+        b.weights.unwrap_or(&ctx.dummy),
+        b.scores,
+        b.flags,
+    ];
+    if b.keys_texture.is_some() {
+        buffers.remove(1);
+    }
     Ok(Dispatch {
-        key: PipelineKey::new(OP, tiling.entry())
+        key: PipelineKey::new(shader, tiling.entry())
             .with("T_KIND", dt.shader_kind())
             .with("VEC", vec as u32),
         params: bytemuck::bytes_of(prm),
-        buffers: vec![
-            b.query,
-            b.keys,
-            b.row_offsets,
-            b.lens,
-            b.weights.unwrap_or(&ctx.dummy),
-            b.scores,
-            b.flags,
-        ],
+        buffers,
+        texture: b.keys_texture,
         groups,
     })
 }
@@ -438,22 +547,41 @@ pub async fn gpu_chunked(
     a: &BlockScoreAttrs,
     max_chunk_rows: Option<usize>,
 ) -> Result<Tensor> {
-    gpu_tiled(ctx, x, a, max_chunk_rows, None).await
+    gpu_tiled(ctx, x, a, max_chunk_rows, None, false).await
 }
 
 /// [`gpu_chunked`] with every chunk tiled as `tiling` (`None`: as [`Tiling::for_rows`]
-/// chooses); tests use it to run both tilings on one problem.
+/// chooses), the keys read from a [`KeyTexture`] when `key_texture`; tests use it to run
+/// both tilings and both key sources on one problem.
 pub async fn gpu_tiled(
     ctx: &Context,
     x: &BlockScoreInputs<'_>,
     a: &BlockScoreAttrs,
     max_chunk_rows: Option<usize>,
     tiling: Option<Tiling>,
+    key_texture: bool,
 ) -> Result<Tensor> {
     let p = validate(x, a)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
     let q = up("index_query", x.index_query)?;
     let k = up("block_keys", x.block_keys)?;
+    let tex = match key_texture {
+        false => None,
+        true => Some(
+            KeyTexture::new(ctx, "qsa.block_score.block_keys", k.buffer.size()).ok_or_else(
+                || {
+                    Error::input(
+                        OP,
+                        "block_keys",
+                        format!(
+                            "{} bytes exceed the largest key texture of this adapter",
+                            k.buffer.size()
+                        ),
+                    )
+                },
+            )?,
+        ),
+    };
     let offs = up("row_offsets", &Tensor::from_u32(&[p.n + 1], &p.offsets))?;
     let lens: Vec<u32> = p.cache.iter().chain(p.counts.iter()).copied().collect();
     let lens = up("lens", &Tensor::from_u32(&[lens.len()], &lens))?;
@@ -492,9 +620,13 @@ pub async fn gpu_tiled(
             scale: p.scale,
         };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
+        if let (Some(t), 0) = (&tex, base) {
+            t.copy_words(&mut enc, &k.buffer, 0, k.buffer.size() / 16);
+        }
         let bufs = ScoreBuffers {
             query: &q.buffer,
             keys: &k.buffer,
+            keys_texture: tex.as_ref().map(|t| &t.view),
             row_offsets: &offs.buffer,
             lens: &lens.buffer,
             weights: w.as_ref().map(|b| &b.buffer),

@@ -271,6 +271,7 @@ pub fn dispatch_topk<'a>(
         ),
         params: bytemuck::bytes_of(params),
         buffers: vec![scores, indices, count],
+        texture: None,
         groups: params.rows,
     })
 }

@@ -2,7 +2,7 @@
 //! row transform (RMS norm + split-half RoPE) and the GPU dispatch helper.
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::gpu::{BindingKind, Context, GpuTensor, PipelineKey, Readback};
 use crate::tensor::{DType, Tensor};
 use std::collections::BTreeMap;
 
@@ -254,11 +254,14 @@ pub fn transform_row(
 }
 
 /// One compute dispatch: a pipeline, its params, its storage buffers in binding order
-/// (binding 0 is the uniform params), and the number of workgroups.
+/// (binding 0 is the uniform params), the texture of a shader that declares one (bound where
+/// the shader declares it; the buffers take the other bindings), and the number of
+/// workgroups.
 pub struct Dispatch<'a> {
     pub key: PipelineKey,
     pub params: &'a [u8],
     pub buffers: Vec<&'a wgpu::Buffer>,
+    pub texture: Option<&'a wgpu::TextureView>,
     pub groups: u32,
 }
 
@@ -288,19 +291,25 @@ impl Bound {
             binding: 0,
             resource: uniform.as_entire_binding(),
         }];
-        for (i, b) in d.buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
-            });
+        let mut buffers = d.buffers.iter();
+        let mut texture = d.texture;
+        for &(binding, kind) in cp.bindings.iter().filter(|b| b.0 != 0) {
+            let resource = match kind {
+                BindingKind::TextureU32 => texture.take().map(wgpu::BindingResource::TextureView),
+                _ => buffers.next().map(|b| b.as_entire_binding()),
+            };
+            let Some(resource) = resource else { break };
+            entries.push(wgpu::BindGroupEntry { binding, resource });
         }
-        if entries.len() != cp.bindings.len() {
+        if entries.len() != cp.bindings.len() || buffers.next().is_some() || texture.is_some() {
             return Err(Error::Shader {
                 name: d.key.shader.to_string(),
                 msg: format!(
-                    "host binds {} buffers, shader declares {}",
-                    entries.len(),
-                    cp.bindings.len()
+                    "host binds {} buffers and {} textures, shader declares {} bindings besides \
+                     its params",
+                    d.buffers.len(),
+                    d.texture.is_some() as usize,
+                    cp.bindings.len() - 1
                 ),
             });
         }
@@ -361,6 +370,7 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
 struct Entry {
     key: PipelineKey,
     buffers: Vec<wgpu::Buffer>,
+    texture: Option<wgpu::TextureView>,
     bound: Bound,
 }
 
@@ -370,6 +380,7 @@ impl Entry {
         self.key == d.key
             && self.buffers.len() == d.buffers.len()
             && self.buffers.iter().zip(&d.buffers).all(|(a, b)| a == *b)
+            && self.texture.as_ref() == d.texture
     }
 }
 
@@ -465,6 +476,7 @@ impl BindCache {
         let entry = Entry {
             key: d.key.clone(),
             buffers: d.buffers.iter().map(|b| (*b).clone()).collect(),
+            texture: d.texture.cloned(),
             bound: Bound::new(ctx, d).await?,
         };
         self.map.insert((stage, slot), entry);

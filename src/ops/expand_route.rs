@@ -188,6 +188,7 @@ pub fn dispatch_expand<'a>(
             b.flags,
         ],
         // One workgroup per row (t, g).
+        texture: None,
         groups: prm.t * prm.hs,
     })
 }

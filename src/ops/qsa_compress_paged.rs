@@ -425,6 +425,7 @@ pub fn dispatch_compress<'a>(
             b.block_keys,
             b.flags,
         ],
+        texture: None,
         groups: prm.n * prm.span,
     })
 }

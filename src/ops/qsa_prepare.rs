@@ -410,6 +410,7 @@ pub async fn gpu(
                 &out_inc.buffer,
                 &out_rope.buffer,
             ],
+            texture: None,
             groups: (p.n * (p.b_out + 1)) as u32,
         },
     )

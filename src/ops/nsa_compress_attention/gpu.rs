@@ -320,6 +320,7 @@ pub fn dispatch_nsa_compress_attention<'a>(
             key,
             params: bytemuck::bytes_of(prm),
             buffers: common.iter().chain(own.iter()).copied().collect(),
+            texture: None,
             groups: n as u32,
         };
         out.push((STAGES[i], d));

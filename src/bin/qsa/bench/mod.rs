@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// Run the portable kernels even where the adapter has subgroups.
     #[arg(long)]
     pub no_subgroups: bool,
+    /// Score the indexer's block keys from its block-key buffer, not from their texture copy.
+    #[arg(long)]
+    pub no_key_textures: bool,
 }
 
 /// One stage of a measured step.
@@ -122,14 +125,16 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     let ctx = Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
         disable_subgroups: args.no_subgroups,
+        disable_key_textures: args.no_key_textures,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
     let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;
     eprintln!(
-        "rooflines ({}): copy {:.2} GB/s (read + write), read {:.2} GB/s, f32 multiply-add {:.1} GFLOP/s",
+        "rooflines ({}): copy {:.2} GB/s (read + write), read {:.2} GB/s (texture {}), f32 multiply-add {:.1} GFLOP/s",
         if roof.timestamps { "timestamps" } else { "wall clock" },
         roof.copy_gbs,
         roof.read_gbs,
+        report::opt(roof.texture_read_gbs, 2),
         roof.fma_gflops
     );
     let mut all = Vec::new();
@@ -160,7 +165,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             m.gflops = m.flops as f64 / secs / 1e9;
             m.copy_pct = 100.0 * m.gbs / roof.copy_gbs;
             m.floor_ms = 1e3
-                * (m.bytes as f64 / (roof.read_gbs * 1e9))
+                * (m.bytes as f64 / (roof.best_read_gbs() * 1e9))
                     .max(m.flops as f64 / (roof.fma_gflops * 1e9));
             if let Some(pm) = peer {
                 m.peer_median_ms = Some(pm);

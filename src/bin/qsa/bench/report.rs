@@ -38,7 +38,7 @@ pub fn run_peer(python: &str, script: &str, preset: &str, runs: usize) -> Result
     Ok(median)
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
+pub fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
@@ -46,8 +46,11 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 pub fn table(ctx: &Context, roof: &Roofline, all: &[Measure]) {
     println!("adapter: {}", ctx.describe());
     println!(
-        "rooflines: copy {:.2} GB/s (read + write), read {:.2} GB/s, f32 multiply-add {:.1} GFLOP/s",
-        roof.copy_gbs, roof.read_gbs, roof.fma_gflops
+        "rooflines: copy {:.2} GB/s (read + write), read {:.2} GB/s (texture {}), f32 multiply-add {:.1} GFLOP/s",
+        roof.copy_gbs,
+        roof.read_gbs,
+        opt(roof.texture_read_gbs, 2),
+        roof.fma_gflops
     );
     println!(
         "{:<27} {:<5} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9} {:>6} {:>9} {:>10} {:>7}",
@@ -120,6 +123,7 @@ pub fn json(ctx: &Context, roof: &Roofline, all: &[Measure]) -> Result<()> {
         "timestamps": ctx.caps.timestamps,
         "copy_gbs": roof.copy_gbs,
         "read_gbs": roof.read_gbs,
+        "texture_read_gbs": roof.texture_read_gbs,
         "fma_gflops": roof.fma_gflops,
         "results": ms,
     });
