@@ -24,12 +24,17 @@
 // The row's sequence comes from a binary search in row_offsets; lengths are device data, so
 // anything inconsistent is clamped and flagged.
 //
-// This file reads the block keys from a storage buffer; block_score_tex.wgsl is the same
-// operator reading them from a texture (what the indexer binds, see docs/perf.md).
+// This file reads the queries and block keys from storage buffers; block_score_tex.wgsl is
+// the same operator reading them from textures (what the indexer binds, see docs/perf.md).
 
 //#include common/block_score.wgsl
 
-@group(0) @binding(2) var<storage, read> keys: array<vec4<u32>>; // [N·max_blocks, Di] T, in 16-byte words
+@group(0) @binding(1) var<storage, read> query: array<vec4<u32>>; // [T, Hi, Di] T, in 16-byte words
+@group(0) @binding(2) var<storage, read> keys: array<vec4<u32>>;  // [N·max_blocks, Di] T, in 16-byte words
+
+fn query_word(i: u32) -> vec4<u32> {
+    return query[i];
+}
 
 fn key_word(i: u32) -> vec4<u32> {
     return keys[i];

@@ -181,7 +181,7 @@ fn tilings_agree_at_tile_edges() {
     // neither, sequences start mid-tile (one is empty), the early rows of the long-cached
     // sequence leave whole block tiles masked, chunks start mid-tile, and some widths (Di = 36
     // in f16/bf16, Di = 10) take the element-by-element path (always in one-row tiles). Keys
-    // read from a texture (what the indexer binds) give the same scores bit for bit.
+    // and queries read from textures (what the indexer binds) give the same scores bit for bit.
     let ctx = util::ctx();
     let mut rng = Rng::new(77);
     let rows = [30, 1, 0, 25, 49];
@@ -226,8 +226,8 @@ fn tilings_agree_at_tile_edges() {
             assert_eq!(
                 run_with(chunk, tiling, true),
                 rows_tiled,
-                "{dt} hi={hi} hs={hs} di={di} r={r}: keys in a texture, {tiling:?} in chunks \
-                 of {chunk:?} rows"
+                "{dt} hi={hi} hs={hs} di={di} r={r}: queries and keys in textures, {tiling:?} \
+                 in chunks of {chunk:?} rows"
             );
         }
     }
@@ -260,7 +260,7 @@ fn query_and_key_buffers_must_end_on_a_word() {
     let bufs = |query, keys| ScoreBuffers {
         query,
         keys,
-        keys_texture: None,
+        textures: None,
         row_offsets: &good,
         lens: &good,
         weights: None,

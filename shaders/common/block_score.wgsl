@@ -22,9 +22,8 @@ struct BlockScoreParams {
 }
 
 @group(0) @binding(0) var<uniform> P: BlockScoreParams;
-@group(0) @binding(1) var<storage, read> query: array<vec4<u32>>; // [T, Hi, Di] T, in 16-byte words
-// Binding 2, the block keys [N·max_blocks, Di] T, is declared by the including file with
-// key_word(i), the i-th 16-byte word of the keys.
+// Bindings 1 and 2, the queries [T, Hi, Di] T and the block keys [N·max_blocks, Di] T, are
+// declared by the including file with query_word(i) and key_word(i), their i-th 16-byte words.
 @group(0) @binding(3) var<storage, read> row_offsets: array<u32>; // [N+1] u32
 @group(0) @binding(4) var<storage, read> lens: array<u32>;        // [2, N]: cache_lengths, key_counts
 @group(0) @binding(5) var<storage, read> weights: array<f32>;     // [T, Hi] f32
@@ -60,7 +59,7 @@ fn chunks_per_row() -> u32 {
 fn elem_q(off: u32, ch: u32) -> f32 {
     let i = off + min(ch, P.di - 1u);
     let w = t_word(i);
-    return select(0.0, t_load(query[w >> 2u][w & 3u], i), ch < P.di);
+    return select(0.0, t_load(query_word(w >> 2u)[w & 3u], i), ch < P.di);
 }
 
 fn elem_k(off: u32, ch: u32) -> f32 {
@@ -83,7 +82,7 @@ fn q_chunk(off: u32, c: u32) -> Chunk {
             vec4<f32>(elem_q(off, ch + 1u), elem_q(off, ch + 3u), elem_q(off, ch + 5u), elem_q(off, ch + 7u)),
         );
     }
-    let w = query[off / chunk_len() + c];
+    let w = query_word(off / chunk_len() + c);
     if (T_KIND == 0u) {
         return Chunk(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
     }

@@ -6,7 +6,7 @@
 use super::{Context, Timer};
 use crate::error::Result;
 use crate::gpu::PipelineKey;
-use crate::ops::block_score::KeyTexture;
+use crate::ops::block_score::WordTexture;
 use crate::ops::common::{Bound, Dispatch};
 use std::time::Instant;
 
@@ -85,7 +85,7 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
         runs,
     )
     .await?;
-    let texture_read_ms = match KeyTexture::new(ctx, "qsa.bench.texture", bytes) {
+    let texture_read_ms = match WordTexture::new(ctx, "qsa.bench.texture", bytes) {
         Some(tex) => Some(
             best_ms(
                 ctx,
@@ -135,7 +135,7 @@ fn dispatch<'a>(
         key: PipelineKey::new(shader, entry),
         params: bytemuck::bytes_of(prm),
         buffers,
-        texture,
+        textures: texture.into_iter().collect(),
         groups,
     }
 }

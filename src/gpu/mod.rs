@@ -23,9 +23,9 @@ pub struct ContextOptions {
     pub backends: Option<String>,
     /// Never choose an operator's subgroup variant (the portable kernels run instead).
     pub disable_subgroups: bool,
-    /// Never read block keys from a texture copy (the indexer's scoring then reads its
-    /// block-key buffer, as the standalone `block_score` does).
-    pub disable_key_textures: bool,
+    /// Never read from texture copies of buffers (the indexer's scoring then reads its index
+    /// queries and block keys from their buffers, as the standalone `block_score` does).
+    pub disable_textures: bool,
 }
 
 /// Adapter features an operator may choose a variant by.
@@ -40,10 +40,10 @@ pub struct Capabilities {
     /// Mesa's llvmpipe (behind lavapipe and its GL), which ends every loop of an invocation
     /// after 65535 iterations: operators refuse sizes that could reach that.
     pub llvmpipe: bool,
-    /// Whether the indexer keeps its block keys in a texture copy too and scores from it
-    /// (unless [`ContextOptions::disable_key_textures`]; texel fetches are the faster loads on
-    /// llvmpipe, docs/perf.md).
-    pub key_textures: bool,
+    /// Whether the indexer keeps texture copies of its index queries and block keys and scores
+    /// from them (unless [`ContextOptions::disable_textures`]; texel fetches are the faster
+    /// loads on llvmpipe, docs/perf.md).
+    pub textures: bool,
 }
 
 /// Adapter, device, queue and the pipeline cache. Cheap to share through an `Arc`.
@@ -105,7 +105,7 @@ impl Context {
             llvmpipe: format!("{} {}", info.name, info.driver)
                 .to_lowercase()
                 .contains("llvmpipe"),
-            key_textures: !opts.disable_key_textures,
+            textures: !opts.disable_textures,
         };
         let mut required = wgpu::Features::empty();
         if caps.timestamps {

@@ -19,7 +19,7 @@ pub use step::StepOutputs;
 
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
-use crate::ops::block_score::KeyTexture;
+use crate::ops::block_score::WordTexture;
 use crate::ops::common::BindCache;
 use crate::paged::{PagedPool, PoolLayout};
 use crate::tensor::{DType, Tensor};
@@ -159,10 +159,11 @@ pub struct QsaIndexer {
     shard_pages: usize,
     pub block_keys: Tensor,
     keys_gpu: GpuTensor,
-    /// A texture copy of `keys_gpu`, which scoring reads when the context allows it
-    /// ([`Capabilities::key_textures`](crate::gpu::Capabilities)) and the adapter's textures
-    /// hold it; every step copies the block rows it compressed.
-    keys_tex: Option<KeyTexture>,
+    /// Texture copies of the step's index queries and of `keys_gpu`, which scoring reads when
+    /// the context allows it ([`Capabilities::textures`](crate::gpu::Capabilities)) and
+    /// the adapter's textures hold them; every step copies the queries it prepared and the
+    /// block rows it compressed.
+    textures: Option<[WordTexture; 2]>,
     pub k_norm: Tensor,
     pub q_norm: Tensor,
     pub freqs: Tensor,
@@ -249,19 +250,25 @@ impl QsaIndexer {
         }
         let up = |n: &str, t: &Tensor| GpuTensor::upload(&ctx, n, t);
         let keys_gpu = up("qsa.indexer.block_keys", &block_keys)?;
-        let keys_tex = match ctx.caps.key_textures {
-            true => KeyTexture::new(&ctx, "qsa.indexer.block_keys", keys_gpu.buffer.size()),
+        let bufs = step::StepBuffers::new(&ctx, &cfg, pages_per_seq)?;
+        let textures = match ctx.caps.textures {
+            true => bufs.query_texture(&ctx).zip(WordTexture::new(
+                &ctx,
+                "qsa.indexer.block_keys",
+                keys_gpu.buffer.size(),
+            )),
             false => None,
-        };
+        }
+        .map(|(q, k)| [q, k]);
         Ok(QsaIndexer {
             pool_gpu,
             shard_pages,
             keys_gpu,
-            keys_tex,
+            textures,
             gamma_gpu: up("qsa.indexer.k_norm", &k_norm)?,
             q_norm_gpu: up("qsa.indexer.q_norm", &q_norm)?,
             freqs_gpu: up("qsa.indexer.freqs", &freqs)?,
-            bufs: step::StepBuffers::new(&ctx, &cfg, pages_per_seq)?,
+            bufs,
             kv: match &cfg.attention {
                 Some(a) => Some(attention::KvCache::new(
                     &ctx,

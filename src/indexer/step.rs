@@ -7,7 +7,7 @@ use super::{QsaIndexer, OP};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor};
 use crate::ops::block_score::{
-    dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
+    dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling, WordTexture,
 };
 use crate::ops::block_topk::{dispatch_topk, BlockTopkParams};
 use crate::ops::common::read_checked;
@@ -41,6 +41,12 @@ pub(super) struct StepBuffers {
 }
 
 impl StepBuffers {
+    /// A texture copy of the prepared index queries, or `None` when the adapter's textures
+    /// cannot hold them.
+    pub(super) fn query_texture(&self, ctx: &Context) -> Option<WordTexture> {
+        WordTexture::new(ctx, "qsa.indexer.index_query", self.q.buffer.size())
+    }
+
     pub(super) fn new(ctx: &Context, c: &IndexerConfig, max_pages: usize) -> Result<Self> {
         let rows = c.max_step_tokens;
         let mb = c.max_blocks();
@@ -273,7 +279,7 @@ impl QsaIndexer {
         }
         // The texture copy of the block keys follows the rows just compressed: blocks
         // cache / r .. count / r of each slot, in whole 16-byte words.
-        if let Some(tex) = &self.keys_tex {
+        if let Some([_, tex]) = &self.textures {
             let row_bytes = (c.di * c.dtype.size()) as u64;
             for i in 0..n {
                 let (lo, hi) = (cache[i] as usize / c.r, counts[i] as usize / c.r);
@@ -312,12 +318,16 @@ impl QsaIndexer {
         };
         let d = dispatch_query(&ctx, c.dtype, &qp, &qb)?;
         self.binds.record(&ctx, &mut enc, "query", 0, d).await?;
+        if let Some([tex, _]) = &self.textures {
+            let bytes = (t * c.hi * c.di * c.dtype.size()) as u64;
+            tex.copy_words(&mut enc, &b.q.buffer, 0, bytes.div_ceil(16));
+        }
 
         // Score and select in row chunks through one scratch buffer.
         let sb = ScoreBuffers {
             query: &b.q.buffer,
             keys: &self.keys_gpu.buffer,
-            keys_texture: self.keys_tex.as_ref().map(|t| &t.view),
+            textures: self.textures.as_ref().map(|[q, k]| [&q.view, &k.view]),
             row_offsets: &b.offs.buffer,
             lens: &b.lens.buffer,
             weights: None,

@@ -138,7 +138,7 @@ pub fn dispatch_compress_paged<'a>(
         key: PipelineKey::new(COMPRESS_SHADER, "main").with("T_KIND", dt.shader_kind()),
         params: bytemuck::bytes_of(prm),
         buffers: vec![b.pool, b.weight, b.seqs, b.table, b.cache, b.flags],
-        texture: None,
+        textures: vec![],
         groups: prm.words.div_ceil(64),
     })
 }
@@ -213,7 +213,7 @@ pub fn dispatch_select_expand<'a>(
         key: PipelineKey::new(EXPAND_SHADER, "main"),
         params: bytemuck::bytes_of(prm),
         buffers: vec![b.topk, b.positions, b.token_indices, b.token_count, b.flags],
-        texture: None,
+        textures: vec![],
         groups: (total as u32).div_ceil(64),
     })
 }

@@ -1,10 +1,10 @@
 //! `block_score` (SPEC §4): ReLU-summed index scores of the visible blocks of each query row,
 //! −inf for the blocks it may not see. Shader: `shaders/block_score.wgsl`, with two tilings
 //! ([`Tiling`]) that give identical scores. A score matrix larger than the adapter's binding
-//! limit is computed in row chunks, each read back in turn. The block keys are read from a
-//! storage buffer, or from a [`KeyTexture`] copy of it (`shaders/block_score_tex.wgsl`, same
-//! scores bit for bit), which the indexer keeps because texel fetches are the faster loads on
-//! llvmpipe (docs/perf.md).
+//! limit is computed in row chunks, each read back in turn. The queries and block keys are
+//! read from storage buffers, or from [`WordTexture`] copies of them
+//! (`shaders/block_score_tex.wgsl`, same scores bit for bit), which the indexer keeps because
+//! texel fetches are the faster loads on llvmpipe (docs/perf.md).
 
 use super::common::*;
 use crate::error::{Error, Result};
@@ -320,33 +320,33 @@ impl Tiling {
     }
 }
 
-/// Texels per row of a [`KeyTexture`] (the shader's `1 << KEY_TEX_SHIFT`).
-pub const KEY_TEX_WIDTH: u32 = 8192;
+/// Texels per row of a [`WordTexture`] (the shaders' `1 << TEX_SHIFT`).
+pub const TEX_WIDTH: u32 = 8192;
 
-/// A copy of a block-key buffer in a 2-D `Rgba32Uint` texture: its 16-byte words, row after
-/// row of [`KEY_TEX_WIDTH`] texels, for [`ScoreBuffers::keys_texture`]. The owner keeps it
-/// equal to the buffer by [`KeyTexture::copy_words`] after every write to the buffer.
-pub struct KeyTexture {
+/// A copy of a buffer in a 2-D `Rgba32Uint` texture: its 16-byte words, row after row of
+/// [`TEX_WIDTH`] texels, for [`ScoreBuffers::textures`]. The owner keeps it equal to the
+/// buffer (where read) by [`WordTexture::copy_words`] after writes to the buffer.
+pub struct WordTexture {
     pub texture: wgpu::Texture,
     pub view: wgpu::TextureView,
     /// 16-byte words of the buffer mirrored.
     words: u64,
 }
 
-impl KeyTexture {
+impl WordTexture {
     /// A zeroed texture for a buffer of `bytes` (a multiple of 16), or `None` when it would
     /// exceed the adapter's texture height.
-    pub fn new(ctx: &Context, label: &str, bytes: u64) -> Option<KeyTexture> {
+    pub fn new(ctx: &Context, label: &str, bytes: u64) -> Option<WordTexture> {
         let words = bytes / 16;
-        let rows = words.div_ceil(KEY_TEX_WIDTH as u64).max(1);
+        let rows = words.div_ceil(TEX_WIDTH as u64).max(1);
         let max = ctx.limits.max_texture_dimension_2d as u64;
-        if KEY_TEX_WIDTH as u64 > max || rows > max {
+        if TEX_WIDTH as u64 > max || rows > max {
             return None;
         }
         let texture = ctx.device.create_texture(&wgpu::TextureDescriptor {
             label: Some(label),
             size: wgpu::Extent3d {
-                width: KEY_TEX_WIDTH,
+                width: TEX_WIDTH,
                 height: rows as u32,
                 depth_or_array_layers: 1,
             },
@@ -358,7 +358,7 @@ impl KeyTexture {
             view_formats: &[],
         });
         let view = texture.create_view(&Default::default());
-        Some(KeyTexture {
+        Some(WordTexture {
             texture,
             view,
             words,
@@ -374,7 +374,7 @@ impl KeyTexture {
         lo: u64,
         hi: u64,
     ) {
-        let (w, hi) = (KEY_TEX_WIDTH as u64, hi.min(self.words));
+        let (w, hi) = (TEX_WIDTH as u64, hi.min(self.words));
         let mut at = lo;
         while at < hi {
             let (row, col) = (at / w, at % w);
@@ -418,8 +418,9 @@ impl KeyTexture {
 pub struct ScoreBuffers<'a> {
     pub query: &'a wgpu::Buffer,
     pub keys: &'a wgpu::Buffer,
-    /// A [`KeyTexture`] equal to `keys`: when given, the shader reads it instead.
-    pub keys_texture: Option<&'a wgpu::TextureView>,
+    /// [`WordTexture`]s equal to `query` and `keys` (where read): when given, the shader
+    /// reads them instead.
+    pub textures: Option<[&'a wgpu::TextureView; 2]>,
     pub row_offsets: &'a wgpu::Buffer,
     /// `[2, N]` u32: cache_lengths, then key_counts (used when `has_counts`).
     pub lens: &'a wgpu::Buffer,
@@ -451,7 +452,7 @@ pub fn dispatch_score_tiled<'a>(
     // The shader reads rows in 16-byte words, so both buffers must end on one (GpuTensor pads
     // every buffer so).
     for (name, buf) in [("index_query", b.query), ("block_keys", b.keys)] {
-        if !buf.size().is_multiple_of(16) && (name == "index_query" || b.keys_texture.is_none()) {
+        if !buf.size().is_multiple_of(16) && b.textures.is_none() {
             return Err(Error::input(
                 OP,
                 name,
@@ -484,10 +485,9 @@ pub fn dispatch_score_tiled<'a>(
             ),
         )
     })?;
-    let shader = if b.keys_texture.is_some() {
-        "block_score_tex"
-    } else {
-        OP
+    let shader = match b.textures {
+        Some(_) => "block_score_tex",
+        None => OP,
     };
     let mut buffers = vec![
         b.query,
@@ -498,8 +498,8 @@ pub fn dispatch_score_tiled<'a>(
         b.scores,
         b.flags,
     ];
-    if b.keys_texture.is_some() {
-        buffers.remove(1);
+    if b.textures.is_some() {
+        buffers.drain(..2);
     }
     Ok(Dispatch {
         key: PipelineKey::new(shader, tiling.entry())
@@ -507,7 +507,7 @@ pub fn dispatch_score_tiled<'a>(
             .with("VEC", vec as u32),
         params: bytemuck::bytes_of(prm),
         buffers,
-        texture: b.keys_texture,
+        textures: b.textures.map_or(vec![], Vec::from),
         groups,
     })
 }
@@ -551,36 +551,35 @@ pub async fn gpu_chunked(
 }
 
 /// [`gpu_chunked`] with every chunk tiled as `tiling` (`None`: as [`Tiling::for_rows`]
-/// chooses), the keys read from a [`KeyTexture`] when `key_texture`; tests use it to run
-/// both tilings and both key sources on one problem.
+/// chooses), the queries and keys read from [`WordTexture`]s when `textures`; tests use it
+/// to run both tilings and both sources on one problem.
 pub async fn gpu_tiled(
     ctx: &Context,
     x: &BlockScoreInputs<'_>,
     a: &BlockScoreAttrs,
     max_chunk_rows: Option<usize>,
     tiling: Option<Tiling>,
-    key_texture: bool,
+    textures: bool,
 ) -> Result<Tensor> {
     let p = validate(x, a)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
     let q = up("index_query", x.index_query)?;
     let k = up("block_keys", x.block_keys)?;
-    let tex = match key_texture {
+    let copy = |name: &str, buf: &GpuTensor| {
+        WordTexture::new(ctx, &format!("qsa.{OP}.{name}"), buf.buffer.size()).ok_or_else(|| {
+            Error::input(
+                OP,
+                name,
+                format!(
+                    "{} bytes exceed the largest texture of this adapter",
+                    buf.buffer.size()
+                ),
+            )
+        })
+    };
+    let tex = match textures {
         false => None,
-        true => Some(
-            KeyTexture::new(ctx, "qsa.block_score.block_keys", k.buffer.size()).ok_or_else(
-                || {
-                    Error::input(
-                        OP,
-                        "block_keys",
-                        format!(
-                            "{} bytes exceed the largest key texture of this adapter",
-                            k.buffer.size()
-                        ),
-                    )
-                },
-            )?,
-        ),
+        true => Some([copy("index_query", &q)?, copy("block_keys", &k)?]),
     };
     let offs = up("row_offsets", &Tensor::from_u32(&[p.n + 1], &p.offsets))?;
     let lens: Vec<u32> = p.cache.iter().chain(p.counts.iter()).copied().collect();
@@ -620,13 +619,14 @@ pub async fn gpu_tiled(
             scale: p.scale,
         };
         let mut enc = ctx.device.create_command_encoder(&Default::default());
-        if let (Some(t), 0) = (&tex, base) {
-            t.copy_words(&mut enc, &k.buffer, 0, k.buffer.size() / 16);
+        if let (Some([tq, tk]), 0) = (&tex, base) {
+            tq.copy_words(&mut enc, &q.buffer, 0, q.buffer.size() / 16);
+            tk.copy_words(&mut enc, &k.buffer, 0, k.buffer.size() / 16);
         }
         let bufs = ScoreBuffers {
             query: &q.buffer,
             keys: &k.buffer,
-            keys_texture: tex.as_ref().map(|t| &t.view),
+            textures: tex.as_ref().map(|[tq, tk]| [&tq.view, &tk.view]),
             row_offsets: &offs.buffer,
             lens: &lens.buffer,
             weights: w.as_ref().map(|b| &b.buffer),

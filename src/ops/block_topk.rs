@@ -271,7 +271,7 @@ pub fn dispatch_topk<'a>(
         ),
         params: bytemuck::bytes_of(params),
         buffers: vec![scores, indices, count],
-        texture: None,
+        textures: vec![],
         groups: params.rows,
     })
 }

@@ -254,14 +254,14 @@ pub fn transform_row(
 }
 
 /// One compute dispatch: a pipeline, its params, its storage buffers in binding order
-/// (binding 0 is the uniform params), the texture of a shader that declares one (bound where
-/// the shader declares it; the buffers take the other bindings), and the number of
+/// (binding 0 is the uniform params), the textures of a shader that declares some (in the
+/// order of their bindings; the buffers take the other bindings), and the number of
 /// workgroups.
 pub struct Dispatch<'a> {
     pub key: PipelineKey,
     pub params: &'a [u8],
     pub buffers: Vec<&'a wgpu::Buffer>,
-    pub texture: Option<&'a wgpu::TextureView>,
+    pub textures: Vec<&'a wgpu::TextureView>,
     pub groups: u32,
 }
 
@@ -292,23 +292,28 @@ impl Bound {
             resource: uniform.as_entire_binding(),
         }];
         let mut buffers = d.buffers.iter();
-        let mut texture = d.texture;
+        let mut textures = d.textures.iter();
         for &(binding, kind) in cp.bindings.iter().filter(|b| b.0 != 0) {
             let resource = match kind {
-                BindingKind::TextureU32 => texture.take().map(wgpu::BindingResource::TextureView),
+                BindingKind::TextureU32 => textures
+                    .next()
+                    .map(|t| wgpu::BindingResource::TextureView(t)),
                 _ => buffers.next().map(|b| b.as_entire_binding()),
             };
             let Some(resource) = resource else { break };
             entries.push(wgpu::BindGroupEntry { binding, resource });
         }
-        if entries.len() != cp.bindings.len() || buffers.next().is_some() || texture.is_some() {
+        if entries.len() != cp.bindings.len()
+            || buffers.next().is_some()
+            || textures.next().is_some()
+        {
             return Err(Error::Shader {
                 name: d.key.shader.to_string(),
                 msg: format!(
                     "host binds {} buffers and {} textures, shader declares {} bindings besides \
                      its params",
                     d.buffers.len(),
-                    d.texture.is_some() as usize,
+                    d.textures.len(),
                     cp.bindings.len() - 1
                 ),
             });
@@ -370,7 +375,7 @@ pub async fn encode(ctx: &Context, enc: &mut wgpu::CommandEncoder, d: Dispatch<'
 struct Entry {
     key: PipelineKey,
     buffers: Vec<wgpu::Buffer>,
-    texture: Option<wgpu::TextureView>,
+    textures: Vec<wgpu::TextureView>,
     bound: Bound,
 }
 
@@ -380,7 +385,8 @@ impl Entry {
         self.key == d.key
             && self.buffers.len() == d.buffers.len()
             && self.buffers.iter().zip(&d.buffers).all(|(a, b)| a == *b)
-            && self.texture.as_ref() == d.texture
+            && self.textures.len() == d.textures.len()
+            && self.textures.iter().zip(&d.textures).all(|(a, b)| a == *b)
     }
 }
 
@@ -476,7 +482,7 @@ impl BindCache {
         let entry = Entry {
             key: d.key.clone(),
             buffers: d.buffers.iter().map(|b| (*b).clone()).collect(),
-            texture: d.texture.cloned(),
+            textures: d.textures.iter().map(|t| (*t).clone()).collect(),
             bound: Bound::new(ctx, d).await?,
         };
         self.map.insert((stage, slot), entry);

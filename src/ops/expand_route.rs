@@ -188,7 +188,7 @@ pub fn dispatch_expand<'a>(
             b.flags,
         ],
         // One workgroup per row (t, g).
-        texture: None,
+        textures: vec![],
         groups: prm.t * prm.hs,
     })
 }

@@ -245,7 +245,7 @@ pub async fn encode_nsa_compress(
             key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
             params: bytemuck::bytes_of(prm),
             buffers: vec![b.input, b.weight, b.offsets, b.out, b.flags],
-            texture: None,
+            textures: vec![],
             groups: prm.words.div_ceil(64),
         },
     )

@@ -425,7 +425,7 @@ pub fn dispatch_compress<'a>(
             b.block_keys,
             b.flags,
         ],
-        texture: None,
+        textures: vec![],
         groups: prm.n * prm.span,
     })
 }

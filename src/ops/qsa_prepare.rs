@@ -410,7 +410,7 @@ pub async fn gpu(
                 &out_inc.buffer,
                 &out_rope.buffer,
             ],
-            texture: None,
+            textures: vec![],
             groups: (p.n * (p.b_out + 1)) as u32,
         },
     )

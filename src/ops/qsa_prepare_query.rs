@@ -252,7 +252,7 @@ pub fn dispatch_query<'a>(
             b.flags,
         ],
         // One invocation per (row, head), 64 per workgroup.
-        texture: None,
+        textures: vec![],
         groups: (prm.t * prm.hi).div_ceil(64),
     })
 }

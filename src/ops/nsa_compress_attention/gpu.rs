@@ -320,7 +320,7 @@ pub fn dispatch_nsa_compress_attention<'a>(
             key,
             params: bytemuck::bytes_of(prm),
             buffers: common.iter().chain(own.iter()).copied().collect(),
-            texture: None,
+            textures: vec![],
             groups: n as u32,
         };
         out.push((STAGES[i], d));

@@ -369,7 +369,7 @@ pub fn dispatch_attention<'a>(
                 key: PipelineKey::new(ROUTE, "main"),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.seqs, b.token_indices, b.token_count, b.routes, b.flags],
-                texture: None,
+                textures: vec![],
                 groups: p.rows * p.hs,
             },
             COMBINE => Dispatch {
@@ -378,7 +378,7 @@ pub fn dispatch_attention<'a>(
                     .with("ALIGN2", a2o),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.partials, b.sinks.unwrap_or(&ctx.dummy), b.out],
-                texture: None,
+                textures: vec![],
                 groups: p.combine_groups(),
             },
             _ if p.sg != 0 => Dispatch {
@@ -392,7 +392,7 @@ pub fn dispatch_attention<'a>(
                     .with("VEC", vec),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.query, b.pool[step.shard], b.routes, b.partials],
-                texture: None,
+                textures: vec![],
                 groups: p.groups(),
             },
             _ => Dispatch {
@@ -403,7 +403,7 @@ pub fn dispatch_attention<'a>(
                     .with("VEC", vec),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.query, b.pool[step.shard], b.routes, b.partials],
-                texture: None,
+                textures: vec![],
                 groups: p.groups(),
             },
         };

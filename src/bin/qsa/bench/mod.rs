@@ -50,9 +50,9 @@ pub struct BenchArgs {
     /// Run the portable kernels even where the adapter has subgroups.
     #[arg(long)]
     pub no_subgroups: bool,
-    /// Score the indexer's block keys from its block-key buffer, not from their texture copy.
+    /// Score from the indexer's query and block-key buffers, not from their texture copies.
     #[arg(long)]
-    pub no_key_textures: bool,
+    pub no_textures: bool,
 }
 
 /// One stage of a measured step.
@@ -125,7 +125,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     let ctx = Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
         disable_subgroups: args.no_subgroups,
-        disable_key_textures: args.no_key_textures,
+        disable_textures: args.no_textures,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
     let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;
