@@ -55,57 +55,53 @@ fn chunks_per_row() -> u32 {
     return (P.di + chunk_len() - 1u) / chunk_len();
 }
 
-// One element of a row: channel ch of the row starting at element off (0 past Di).
-fn elem_q(off: u32, ch: u32) -> f32 {
-    let i = off + min(ch, P.di - 1u);
-    let w = t_word(i);
-    return select(0.0, t_load(query_word(w >> 2u)[w & 3u], i), ch < P.di);
+// Word i of the queries (keys = false) or of the block keys (keys = true). Every call passes
+// a constant, so compilers keep one side.
+fn word(i: u32, keys: bool) -> vec4<u32> {
+    if (keys) {
+        return key_word(i);
+    }
+    return query_word(i);
 }
 
-fn elem_k(off: u32, ch: u32) -> f32 {
+// One element of a query or key row: channel ch of the row starting at element off (0 past
+// Di).
+fn elem(off: u32, ch: u32, keys: bool) -> f32 {
     let i = off + min(ch, P.di - 1u);
     let w = t_word(i);
-    return select(0.0, t_load(key_word(w >> 2u)[w & 3u], i), ch < P.di);
+    return select(0.0, t_load(word(w >> 2u, keys)[w & 3u], i), ch < P.di);
 }
 
-// Chunk c of the query row / key row starting at element off. VEC = 0 gathers the chunk's
+// Chunk c of the query or key row starting at element off. VEC = 0 gathers the chunk's
 // channels one by one, in the same split.
-fn q_chunk(off: u32, c: u32) -> Chunk {
+fn row_chunk(off: u32, c: u32, keys: bool) -> Chunk {
     if (VEC == 0u) {
         let ch = c * chunk_len();
         if (T_KIND == 0u) {
-            return Chunk(vec4<f32>(elem_q(off, ch), elem_q(off, ch + 1u), elem_q(off, ch + 2u),
-                                   elem_q(off, ch + 3u)), vec4<f32>(0.0));
+            return Chunk(vec4<f32>(elem(off, ch, keys), elem(off, ch + 1u, keys),
+                                   elem(off, ch + 2u, keys), elem(off, ch + 3u, keys)),
+                         vec4<f32>(0.0));
         }
         return Chunk(
-            vec4<f32>(elem_q(off, ch), elem_q(off, ch + 2u), elem_q(off, ch + 4u), elem_q(off, ch + 6u)),
-            vec4<f32>(elem_q(off, ch + 1u), elem_q(off, ch + 3u), elem_q(off, ch + 5u), elem_q(off, ch + 7u)),
+            vec4<f32>(elem(off, ch, keys), elem(off, ch + 2u, keys), elem(off, ch + 4u, keys),
+                      elem(off, ch + 6u, keys)),
+            vec4<f32>(elem(off, ch + 1u, keys), elem(off, ch + 3u, keys),
+                      elem(off, ch + 5u, keys), elem(off, ch + 7u, keys)),
         );
     }
-    let w = query_word(off / chunk_len() + c);
+    let w = word(off / chunk_len() + c, keys);
     if (T_KIND == 0u) {
         return Chunk(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
     }
     return Chunk(t_low4(w), t_high4(w));
+}
+
+fn q_chunk(off: u32, c: u32) -> Chunk {
+    return row_chunk(off, c, false);
 }
 
 fn k_chunk(off: u32, c: u32) -> Chunk {
-    if (VEC == 0u) {
-        let ch = c * chunk_len();
-        if (T_KIND == 0u) {
-            return Chunk(vec4<f32>(elem_k(off, ch), elem_k(off, ch + 1u), elem_k(off, ch + 2u),
-                                   elem_k(off, ch + 3u)), vec4<f32>(0.0));
-        }
-        return Chunk(
-            vec4<f32>(elem_k(off, ch), elem_k(off, ch + 2u), elem_k(off, ch + 4u), elem_k(off, ch + 6u)),
-            vec4<f32>(elem_k(off, ch + 1u), elem_k(off, ch + 3u), elem_k(off, ch + 5u), elem_k(off, ch + 7u)),
-        );
-    }
-    let w = key_word(off / chunk_len() + c);
-    if (T_KIND == 0u) {
-        return Chunk(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
-    }
-    return Chunk(t_low4(w), t_high4(w));
+    return row_chunk(off, c, true);
 }
 
 // Four query rows' chunks as matrices whose product with a key chunk gives the four partial

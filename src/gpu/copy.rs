@@ -71,7 +71,6 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
     };
     let copy_ms = best_ms(
         ctx,
-        "main",
         dispatch("main", &walk, groups, vec![&src, &dst], None),
         runs,
     )
@@ -80,7 +79,6 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
     // SIMD vector then walks the whole buffer at a stride of megabytes).
     let read_ms = best_ms(
         ctx,
-        "load_sum",
         dispatch("load_sum", &walk, groups, vec![&src, &dst], None),
         runs,
     )
@@ -89,7 +87,6 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
         Some(tex) => Some(
             best_ms(
                 ctx,
-                "load_tex",
                 dispatch("load_tex", &walk, groups, vec![&dst], Some(&tex.view)),
                 runs,
             )
@@ -103,7 +100,6 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
     };
     let fma_ms = best_ms(
         ctx,
-        "arith",
         dispatch("arith", &arith, FMA_GROUPS, vec![&src, &dst], None),
         runs,
     )
@@ -140,8 +136,9 @@ fn dispatch<'a>(
     }
 }
 
-/// Best milliseconds of `runs` dispatches of `d` (entry point `entry`) after a warm-up.
-async fn best_ms(ctx: &Context, entry: &'static str, d: Dispatch<'_>, runs: usize) -> Result<f64> {
+/// Best milliseconds of `runs` dispatches of `d` after a warm-up.
+async fn best_ms(ctx: &Context, d: Dispatch<'_>, runs: usize) -> Result<f64> {
+    let entry = d.key.entry;
     let bound = Bound::new(ctx, &d).await?;
     let mut timer = Timer::new(ctx, 1);
     let mut best = f64::INFINITY;
