@@ -1,11 +1,12 @@
 //! `qsa bench`: the presets of the PyTorch peer (`torch_peer.py`), same geometry and data
 //! sizes, each in f32 and bf16, timed on the GPU. For every preset and stage: GPU time from
 //! timestamp queries when the adapter has them, wall time per step (submission to results
-//! ready on the device; median and min of N runs after two warm-ups), bytes the step must read
-//! and FLOPs, achieved GB/s and GFLOP/s, the share of the adapter's own copy bandwidth, and
-//! the step's floor on this adapter: its bytes at the adapter's read bandwidth or its FLOPs at
-//! its multiply-add throughput, whichever is longer (all three rooflines measured in the same
-//! run). A table on stdout, `--json` for machines, `--svg` for a chart.
+//! ready on the device; median and min of N runs after two warm-ups, run without timestamps,
+//! as a caller runs a step; the stage times come from N more runs with them), bytes the step
+//! must read and FLOPs, achieved GB/s and GFLOP/s, the share of the adapter's own copy
+//! bandwidth, and the step's floor on this adapter: its bytes at the adapter's faster read
+//! bandwidth or its FLOPs at its multiply-add throughput, whichever is longer (the rooflines
+//! measured in the same run). A table on stdout, `--json` for machines, `--svg` for a chart.
 //! `--peer` runs the PyTorch peer in the same run, each preset just before ours, and reports
 //! our time over its median.
 

@@ -24,10 +24,11 @@ use std::time::Instant;
 
 const WARMUP: usize = 2;
 
-/// Progress on stderr: runs are long on software adapters.
-fn progress(preset: &str, run: usize, runs: usize) {
+/// Progress on stderr: runs are long on software adapters. `what`: the wall-clock runs or the
+/// timestamped ones.
+fn progress(preset: &str, what: &str, run: usize, runs: usize) {
     if run == 0 {
-        eprint!("    {preset}: {WARMUP} warm-up + {runs} runs ");
+        eprint!("    {preset}, {what}: {WARMUP} warm-up + {runs} runs ");
     }
     eprint!(".");
     if run + 1 == WARMUP + runs {
@@ -45,18 +46,36 @@ fn stats(v: &[f64]) -> (f64, f64) {
 /// Per-run walls and stage times.
 type Runs = (Vec<f64>, Vec<Vec<(&'static str, f64)>>);
 
-/// Times an operator recorded by `record` into a fresh encoder per run: one timestamped span
-/// `label` around it, two warm-up runs, then `runs` timed ones (submission to device idle).
+/// Times an operator recorded by `record` into a fresh encoder per run, two warm-up runs then
+/// `runs` measured ones, twice: without timestamps for the wall times (submission to device
+/// idle, as a caller runs it: timestamp queries cost lavapipe ~0.2 ms a step), then, when the
+/// adapter has them, with the stages' timestamp spans for their GPU times.
 fn timed_runs(
     ctx: &Context,
     preset: &str,
     runs: usize,
     mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
-    let mut timer = Timer::new(ctx, 64);
+    let (walls, _) = timed_pass(ctx, preset, runs, None, &mut record)?;
+    let stages = match Timer::new(ctx, 64) {
+        Some(t) => timed_pass(ctx, preset, runs, Some(t), &mut record)?.1,
+        None => Vec::new(),
+    };
+    Ok((walls, stages))
+}
+
+/// One pass of [`timed_runs`], with `timer` or without.
+fn timed_pass(
+    ctx: &Context,
+    preset: &str,
+    runs: usize,
+    mut timer: Option<Timer>,
+    record: &mut impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
+) -> Result<Runs> {
+    let what = if timer.is_some() { "stages" } else { "wall" };
     let (mut walls, mut stages) = (Vec::new(), Vec::new());
     for run in 0..WARMUP + runs {
-        progress(preset, run, runs);
+        progress(preset, what, run, runs);
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         if let Some(t) = &mut timer {
             t.clear();
@@ -219,29 +238,39 @@ fn qsa(
         pollster::block_on(ix.extend(&vec![cached; batch]))?;
         ctx.wait()?;
     }
-    ix.set_timing(true);
     let keys: Vec<Vec<f32>> = (0..batch).map(|_| rng.normals(new * cfg.di)).collect();
     let q = rng.tensor(dt, &[batch * new, cfg.hi, cfg.di]);
     let counts = vec![new; batch];
-    let (mut walls, mut stages) = (Vec::new(), Vec::new());
-    for run in 0..WARMUP + runs {
-        progress(preset, run, runs);
-        for (s, k) in keys.iter().enumerate() {
-            ix.append_keys(s, k)?;
+    // As timed_runs: the wall times without timestamps, then the stage times with them.
+    // None when timing is asked for and the adapter cannot time.
+    let mut pass = |timing: bool| -> Result<Option<Runs>> {
+        if ix.set_timing(timing) != timing {
+            return Ok(None);
         }
-        let t0 = Instant::now();
-        pollster::block_on(ix.step(&counts, &q))?;
-        ctx.wait()?;
-        let wall = t0.elapsed().as_secs_f64() * 1e3;
-        let st = pollster::block_on(ix.stage_times())?.unwrap_or_default();
-        if run >= WARMUP {
-            walls.push(wall);
-            stages.push(st);
+        let what = if timing { "stages" } else { "wall" };
+        let (mut walls, mut stages) = (Vec::new(), Vec::new());
+        for run in 0..WARMUP + runs {
+            progress(preset, what, run, runs);
+            for (s, k) in keys.iter().enumerate() {
+                ix.append_keys(s, k)?;
+            }
+            let t0 = Instant::now();
+            pollster::block_on(ix.step(&counts, &q))?;
+            ctx.wait()?;
+            let wall = t0.elapsed().as_secs_f64() * 1e3;
+            let st = pollster::block_on(ix.stage_times())?.unwrap_or_default();
+            if run >= WARMUP {
+                walls.push(wall);
+                stages.push(st);
+            }
+            for s in 0..batch {
+                ix.truncate(s, cached)?;
+            }
         }
-        for s in 0..batch {
-            ix.truncate(s, cached)?;
-        }
-    }
+        Ok(Some((walls, stages)))
+    };
+    let walls = pass(false)?.map(|r| r.0).unwrap_or_default();
+    let stages = pass(true)?.map(|r| r.1).unwrap_or_default();
     // Must-read bytes and FLOPs of one step.
     let (es, di, hi, r) = (dt.size() as u64, cfg.di as u64, cfg.hi as u64, cfg.r as u64);
     let (b, c, n) = (batch as u64, cached as u64, new as u64);
