@@ -2,14 +2,17 @@
 //! the composition of the CPU operators over chunked prefills and decode rows mixed in a
 //! ragged batch; after the first step no bind group (hence no pipeline) is built; the chunked
 //! score path equals the direct one; a decode loop selects what a one-shot prefill selects;
-//! the order of the pool's pages changes nothing; freed slots are reused.
+//! the order of the pool's pages changes nothing; freed slots are reused; scoring from the
+//! texture copies of the queries and block keys gives what scoring from the buffers gives.
 
 mod util;
 
+use qsa_wgpu::gpu::Context;
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::TensorMap;
 use qsa_wgpu::testing::{check_selection, score_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
+use std::sync::Arc;
 use util::{cat, rows};
 
 const NAMES: [&str; 4] = [
@@ -43,10 +46,15 @@ fn config(dtype: DType, hs: usize, k: usize) -> IndexerConfig {
 }
 
 fn layer(cfg: &IndexerConfig, seed: u64, pages: Vec<u32>) -> QsaIndexer {
+    layer_on(util::ctx(), cfg, seed, pages)
+}
+
+/// [`layer`] on the given context.
+fn layer_on(ctx: Arc<Context>, cfg: &IndexerConfig, seed: u64, pages: Vec<u32>) -> QsaIndexer {
     let mut rng = Rng::new(seed);
     let k_norm = rng.tensor(cfg.dtype, &[cfg.di]);
     let q_norm = rng.tensor(cfg.dtype, &[cfg.di]);
-    QsaIndexer::new(util::ctx(), cfg.clone(), k_norm, q_norm, pages).unwrap()
+    QsaIndexer::new(ctx, cfg.clone(), k_norm, q_norm, pages).unwrap()
 }
 
 fn pages(cfg: &IndexerConfig) -> usize {
@@ -295,4 +303,63 @@ fn extend_then_decode_and_truncate_then_redo() {
         }
     }
     assert!(ext.truncate(0, 500).is_err());
+}
+
+#[test]
+fn texture_copies_change_nothing() {
+    // Block rows of 32 words (Di = 128 f32) and 1024 blocks per slot: a slot's keys span four
+    // texture rows of 8192 texels, the prefill's copy crosses row boundaries and the decode
+    // steps copy single blocks in the middle of a row. Both layers must agree bit for bit, in
+    // the selections and in the scores they chose from.
+    let mut rng = Rng::new(91);
+    let cfg = IndexerConfig {
+        hi: 4,
+        di: 128,
+        dr: 32,
+        max_len: 4096,
+        max_seqs: 2,
+        max_step_tokens: 1100,
+        ..config(DType::F32, 2, 64)
+    };
+    let order = rng.permutation(pages(&cfg));
+    let buffer_ctx = util::buffer_ctx();
+    let mut tex = layer(&cfg, 8, order.clone());
+    let mut buf = layer_on(buffer_ctx.clone(), &cfg, 8, order);
+    let (k0, q0) = sequence(&mut rng, &cfg, 1040);
+    let (k1, q1) = sequence(&mut rng, &cfg, 36);
+    let run = |ix: &mut QsaIndexer, ctx: &Context, step: &[usize], q: &Tensor| {
+        let out = pollster::block_on(ix.step(step, q)).unwrap();
+        let mut got = pollster::block_on(out.read(ctx)).unwrap();
+        let scores = out.scores.as_ref().expect("one score chunk");
+        let s = pollster::block_on(scores.read(ctx)).unwrap();
+        got.insert("scores".into(), s);
+        got
+    };
+    let mut at = [0usize; 2];
+    for ix in [&mut tex, &mut buf] {
+        ix.add_sequence().unwrap();
+        ix.add_sequence().unwrap();
+    }
+    // A ragged prefill (1000 + 30 rows), then decode rows of both sequences.
+    let mut steps: Vec<[usize; 2]> = vec![[1000, 30]];
+    steps.extend((0..6).map(|_| [1, 1]));
+    for step in steps {
+        let qs = cat(&[
+            rows(&q0, at[0], at[0] + step[0]),
+            rows(&q1, at[1], at[1] + step[1]),
+        ]);
+        for ix in [&mut tex, &mut buf] {
+            ix.append_keys(0, &k0[at[0] * cfg.di..(at[0] + step[0]) * cfg.di])
+                .unwrap();
+            ix.append_keys(1, &k1[at[1] * cfg.di..(at[1] + step[1]) * cfg.di])
+                .unwrap();
+        }
+        let want = run(&mut buf, &buffer_ctx, &step, &qs);
+        let got = run(&mut tex, &util::ctx(), &step, &qs);
+        for name in NAMES.iter().chain(["scores"].iter()) {
+            assert_eq!(got[*name], want[*name], "step {step:?} at {at:?}: {name}");
+        }
+        at[0] += step[0];
+        at[1] += step[1];
+    }
 }

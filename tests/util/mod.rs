@@ -54,6 +54,16 @@ pub fn portable_ctx() -> Arc<Context> {
     .unwrap()
 }
 
+/// A context on the same adapter that never reads from texture copies (the indexer scores
+/// from its buffers), to compare the two.
+pub fn buffer_ctx() -> Arc<Context> {
+    Context::new_blocking(&ContextOptions {
+        disable_textures: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// Rows `a..b` of a tensor along its first axis.
 pub fn rows(t: &Tensor, a: usize, b: usize) -> Tensor {
     let row: usize = t.shape[1..].iter().product::<usize>() * t.dtype.size();
