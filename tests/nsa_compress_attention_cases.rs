@@ -9,7 +9,7 @@ mod util;
 use qsa_wgpu::gpu::GpuTensor;
 use qsa_wgpu::ops::common::{flag_word, read_checked};
 use qsa_wgpu::ops::nsa_compress_attention::{
-    encode_nsa_compress_attention, scratch_words, validate, Layout, NsaAttnBuffers, Plan,
+    encode_nsa_compress_attention, validate, Layout, NsaAttnTensors, Plan,
 };
 use qsa_wgpu::testing::{compare_selection, Tol};
 use qsa_wgpu::{testing::Rng, DType, Error, Tensor};
@@ -244,31 +244,18 @@ fn expect_flags(
     let ctx = util::ctx();
     let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
     let u32s = |v: &[u32]| up(&Tensor::from_u32(&[v.len()], v));
-    let rows = plan.rows * plan.n2;
-    let zeros = |dt: DType, n: usize| GpuTensor::filled(&ctx, "t", dt, &[n], 0).unwrap();
     let (q, k, v) = (up(&p.query), up(&p.key), up(&p.value));
-    let out = zeros(dt, plan.rows * plan.n1 * plan.dv);
-    let topk = zeros(DType::I32, rows * plan.k);
-    let psum = zeros(DType::F32, rows * plan.c_max);
-    let scores = zeros(DType::F32, rows * plan.w);
-    let count = zeros(DType::I32, rows);
-    let scratch = zeros(DType::F32, scratch_words(&plan.params()) as usize);
+    let t = NsaAttnTensors::new(&ctx, plan, false).unwrap();
     for (tab, lens, needle) in cases {
         let (tab, lens, flags) = (u32s(&tab), u32s(&lens), flag_word(&ctx).unwrap());
-        let bufs = NsaAttnBuffers {
-            query: &q.buffer,
-            key: &k.buffer,
-            value: &v.buffer,
-            block_table: &tab.buffer,
-            lens: &lens.buffer,
-            out: &out.buffer,
-            topk: &topk.buffer,
-            psum: &psum.buffer,
-            scores: &scores.buffer,
-            count: &count.buffer,
-            scratch: &scratch.buffer,
-            flags: &flags.buffer,
-        };
+        let bufs = t.buffers(
+            &q.buffer,
+            &k.buffer,
+            &v.buffer,
+            &tab.buffer,
+            &lens.buffer,
+            &flags.buffer,
+        );
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         pollster::block_on(encode_nsa_compress_attention(
             &ctx,
@@ -282,7 +269,7 @@ fn expect_flags(
         let got = pollster::block_on(read_checked(
             &ctx,
             "nsa_compress_attention",
-            &[&out],
+            &[&t.out],
             &flags,
         ));
         match (needle, got) {

@@ -3,10 +3,10 @@
 //! buffer, and of a texture with `shaders/bench_copy_tex.wgsl`), and f32 multiply-add
 //! throughput.
 
+use super::WordTexture;
 use super::{Context, Timer};
 use crate::error::Result;
 use crate::gpu::PipelineKey;
-use crate::ops::block_score::WordTexture;
 use crate::ops::common::{Bound, Dispatch};
 use std::time::Instant;
 

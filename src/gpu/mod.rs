@@ -4,11 +4,13 @@
 mod buffers;
 mod cache;
 mod copy;
+mod texture;
 mod timer;
 
 pub use buffers::{GpuTensor, Readback};
 pub use cache::{BindingKind, CachedPipeline, PipelineCache, PipelineKey};
 pub use copy::{roofline, BenchCopyParams, Roofline};
+pub use texture::{WordTexture, TEX_WIDTH};
 pub use timer::Timer;
 
 use crate::error::{Error, Result};

@@ -18,8 +18,7 @@ pub use attention::AttentionConfig;
 pub use step::StepOutputs;
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor};
-use crate::ops::block_score::WordTexture;
+use crate::gpu::{Context, GpuTensor, WordTexture};
 use crate::ops::common::BindCache;
 use crate::paged::{PagedPool, PoolLayout};
 use crate::tensor::{DType, Tensor};

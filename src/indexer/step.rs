@@ -5,9 +5,9 @@
 
 use super::{QsaIndexer, OP};
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor};
+use crate::gpu::{Context, GpuTensor, WordTexture};
 use crate::ops::block_score::{
-    dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling, WordTexture,
+    dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
 };
 use crate::ops::block_topk::{dispatch_topk, BlockTopkParams};
 use crate::ops::common::read_checked;

@@ -193,6 +193,68 @@ pub struct NsaAttnBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
+/// The device tensors one call writes (out, topk) and works in (psum, scores, count,
+/// scratch), sized from its [`Plan`]: what [`gpu`] and a caller that keeps the inputs on the
+/// device allocate alike.
+pub struct NsaAttnTensors {
+    pub out: GpuTensor,
+    pub topk: GpuTensor,
+    pub psum: GpuTensor,
+    pub scores: GpuTensor,
+    pub count: GpuTensor,
+    pub scratch: GpuTensor,
+}
+
+impl NsaAttnTensors {
+    /// Allocates them, each checked against the binding limit first. `sentinels`: out and
+    /// scores start as NaN in every float type and topk as 0x7f7f7f7f (not -1), so that a
+    /// test sees any element left unwritten; otherwise all start as zeros.
+    pub fn new(ctx: &Context, p: &Plan, sentinels: bool) -> Result<Self> {
+        let alloc = |name: &str, dt: DType, shape: &[usize], fill: u8| {
+            let bytes = (shape.iter().product::<usize>() * dt.size()) as u64;
+            ctx.check_binding_size(OP, name, bytes)?;
+            GpuTensor::filled(ctx, &format!("qsa.{OP}.{name}"), dt, shape, fill)
+        };
+        let s = |fill: u8| if sentinels { fill } else { 0 };
+        let rows = p.rows * p.n2;
+        let words = scratch_words(&p.params()) as usize;
+        Ok(NsaAttnTensors {
+            out: alloc("out", p.dt, &p.out_shape(), s(0xff))?,
+            topk: alloc("topk", DType::I32, &p.topk_shape(), s(0x7f))?,
+            psum: alloc("psum", DType::F32, &[rows, p.c_max], 0)?,
+            scores: alloc("scores", DType::F32, &[rows, p.w], s(0xff))?,
+            count: alloc("count", DType::I32, &[rows], 0)?,
+            scratch: alloc("scratch", DType::F32, &[words], 0)?,
+        })
+    }
+
+    /// The call's buffers: these tensors with the given inputs and flag word.
+    pub fn buffers<'a>(
+        &'a self,
+        query: &'a wgpu::Buffer,
+        key: &'a wgpu::Buffer,
+        value: &'a wgpu::Buffer,
+        block_table: &'a wgpu::Buffer,
+        lens: &'a wgpu::Buffer,
+        flags: &'a wgpu::Buffer,
+    ) -> NsaAttnBuffers<'a> {
+        NsaAttnBuffers {
+            query,
+            key,
+            value,
+            block_table,
+            lens,
+            out: &self.out.buffer,
+            topk: &self.topk.buffer,
+            psum: &self.psum.buffer,
+            scores: &self.scores.buffer,
+            count: &self.count.buffer,
+            scratch: &self.scratch.buffer,
+            flags,
+        }
+    }
+}
+
 /// Describes the four stages, named by [`STAGES`]: the logits, the values and the finishing
 /// dispatch, then the `block_topk` selection with `sel`
 /// (= [`NsaCompressAttentionParams::topk_params`]). Parameters and buffer sizes (the scratch's
@@ -381,11 +443,6 @@ pub async fn gpu(
 ) -> Result<NsaCompressAttentionOutputs> {
     let p = validate(x, a)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
-    let alloc = |name: &str, dt: DType, shape: &[usize], fill: u8| {
-        let bytes = (shape.iter().product::<usize>() * dt.size()) as u64;
-        ctx.check_binding_size(OP, name, bytes)?;
-        GpuTensor::filled(ctx, &format!("qsa.{OP}.{name}"), dt, shape, fill)
-    };
     let query = up("query", x.query)?;
     let key = up("key", x.key)?;
     let value = up("value", x.value)?;
@@ -393,34 +450,20 @@ pub async fn gpu(
     let table = up("block_table", &Tensor::from_u32(&[table.len()], &table))?;
     let lens = p.lens();
     let lens = up("lens", &Tensor::from_u32(&[lens.len()], &lens))?;
-    let rows = p.rows * p.n2;
-    // Sentinels: NaN in every float type, and 0x7f7f7f7f (not -1) for the indices.
-    let out = alloc("out", p.dt, &p.out_shape(), 0xff)?;
-    let topk = alloc("topk", DType::I32, &p.topk_shape(), 0x7f)?;
-    let psum = alloc("psum", DType::F32, &[rows, p.c_max], 0)?;
-    let scores = alloc("scores", DType::F32, &[rows, p.w], 0xff)?;
-    let count = alloc("count", DType::I32, &[rows], 0)?;
-    let words = scratch_words(&p.params()) as usize;
-    let scratch = alloc("scratch", DType::F32, &[words], 0)?;
+    let t = NsaAttnTensors::new(ctx, &p, true)?;
     let flags = flag_word(ctx)?;
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    let bufs = NsaAttnBuffers {
-        query: &query.buffer,
-        key: &key.buffer,
-        value: &value.buffer,
-        block_table: &table.buffer,
-        lens: &lens.buffer,
-        out: &out.buffer,
-        topk: &topk.buffer,
-        psum: &psum.buffer,
-        scores: &scores.buffer,
-        count: &count.buffer,
-        scratch: &scratch.buffer,
-        flags: &flags.buffer,
-    };
+    let bufs = t.buffers(
+        &query.buffer,
+        &key.buffer,
+        &value.buffer,
+        &table.buffer,
+        &lens.buffer,
+        &flags.buffer,
+    );
     encode_nsa_compress_attention(ctx, &mut enc, p.dt, &p.params(), &bufs).await?;
     ctx.submit(OP, enc).await?;
-    let mut got = read_checked(ctx, OP, &[&out, &topk], &flags).await?;
+    let mut got = read_checked(ctx, OP, &[&t.out, &t.topk], &flags).await?;
     let topk = got.pop().unwrap();
     Ok(NsaCompressAttentionOutputs {
         out: got.pop().unwrap(),

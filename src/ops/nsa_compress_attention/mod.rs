@@ -12,7 +12,7 @@ mod validate;
 pub use cpu::{cpu, reference};
 pub use gpu::{
     dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, logits_subgroup_pass,
-    loop_iterations, scratch_words, values_subgroup_pass, NsaAttnBuffers,
+    loop_iterations, scratch_words, values_subgroup_pass, NsaAttnBuffers, NsaAttnTensors,
     NsaCompressAttentionParams, STAGES,
 };
 pub use validate::validate;

@@ -10,8 +10,8 @@ use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::common::{flag_word, read_checked, Bound, Dispatch};
 use qsa_wgpu::ops::nsa_compress_attention::{
-    dispatch_nsa_compress_attention, scratch_words, validate as nsa_validate, Layout,
-    NsaAttnBuffers, NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
+    dispatch_nsa_compress_attention, validate as nsa_validate, Layout, NsaAttnTensors,
+    NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
 };
 use qsa_wgpu::ops::sparse_attention::{
     dispatch_attention, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
@@ -324,30 +324,17 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
     let gt = up("table", &Tensor::from_u32(&[tab.len()], &tab))?;
     let lens = p.lens();
     let gl = up("lens", &Tensor::from_u32(&[lens.len()], &lens))?;
-    let f = |name: &str, dt: DType, shape: &[usize]| GpuTensor::filled(ctx, name, dt, shape, 0);
-    let rows = p.rows * p.n2;
-    let out = f("out", dt, &p.out_shape())?;
-    let topk = f("topk", DType::I32, &p.topk_shape())?;
-    let psum = f("psum", DType::F32, &[rows, p.c_max])?;
-    let scores = f("scores", DType::F32, &[rows, p.w])?;
-    let count = f("count", DType::I32, &[rows])?;
-    let scratch = f("scratch", DType::F32, &[scratch_words(&prm) as usize])?;
+    let t = NsaAttnTensors::new(ctx, &p, false)?;
     let flags = flag_word(ctx)?;
     let sel = prm.topk_params();
-    let b = NsaAttnBuffers {
-        query: &gq.buffer,
-        key: &gk.buffer,
-        value: &gv.buffer,
-        block_table: &gt.buffer,
-        lens: &gl.buffer,
-        out: &out.buffer,
-        topk: &topk.buffer,
-        psum: &psum.buffer,
-        scores: &scores.buffer,
-        count: &count.buffer,
-        scratch: &scratch.buffer,
-        flags: &flags.buffer,
-    };
+    let b = t.buffers(
+        &gq.buffer,
+        &gk.buffer,
+        &gv.buffer,
+        &gt.buffer,
+        &gl.buffer,
+        &flags.buffer,
+    );
     // One span per stage: logits, values, finish, top-k.
     let bound = bind_stages(
         ctx,
