@@ -56,6 +56,14 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/block_topk.wgsl"),
     ),
     (
+        "common/block_topk.wgsl",
+        include_str!("../shaders/common/block_topk.wgsl"),
+    ),
+    (
+        "block_topk_sg.wgsl",
+        include_str!("../shaders/block_topk_sg.wgsl"),
+    ),
+    (
         "common/block_score.wgsl",
         include_str!("../shaders/common/block_score.wgsl"),
     ),

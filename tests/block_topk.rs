@@ -4,7 +4,10 @@
 
 mod util;
 
-use qsa_wgpu::ops::block_topk::{cpu, gpu, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs};
+use qsa_wgpu::gpu::Context;
+use qsa_wgpu::ops::block_topk::{
+    cpu, gpu, pipeline, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs, OP, SHORT_SG,
+};
 use qsa_wgpu::ops::{run_blocking, AttrMap, Exec, TensorMap};
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::{DType, Tensor};
@@ -12,17 +15,36 @@ use serde_json::json;
 
 const NEG_INF: f32 = f32::NEG_INFINITY;
 
-fn run_both(scores: &[f32], shape: [usize; 3], k: usize) -> (BlockTopkOutputs, BlockTopkOutputs) {
+/// The GPU's answer on `ctx` and the CPU reference's.
+fn run_both(
+    ctx: &Context,
+    scores: &[f32],
+    shape: [usize; 3],
+    k: usize,
+) -> (BlockTopkOutputs, BlockTopkOutputs) {
     let s = Tensor::from_f32(DType::F32, &shape, scores);
     let x = BlockTopkInputs { scores: &s };
     let a = BlockTopkAttrs { k };
     let want = cpu(&x, &a).unwrap();
-    let got = pollster::block_on(gpu(&util::ctx(), &x, &a)).unwrap();
+    let got = pollster::block_on(gpu(ctx, &x, &a)).unwrap();
     (got, want)
 }
 
+/// Every case runs on the default context (rows of W <= 2048 take the subgroup variant where
+/// the adapter has 8-lane subgroups) and on one without subgroups (the portable kernels).
 fn check(scores: &[f32], shape: [usize; 3], k: usize, what: &str) {
-    let (got, want) = run_both(scores, shape, k);
+    check_on(&util::ctx(), scores, shape, k, what);
+    check_on(
+        &util::portable_ctx(),
+        scores,
+        shape,
+        k,
+        &format!("{what} (portable)"),
+    );
+}
+
+fn check_on(ctx: &Context, scores: &[f32], shape: [usize; 3], k: usize, what: &str) {
+    let (got, want) = run_both(ctx, scores, shape, k);
     assert_eq!(got.block_count, want.block_count, "{what}: block_count");
     let (g, w) = (got.block_indices.to_i32(), want.block_indices.to_i32());
     if let Some(i) = (0..g.len()).find(|&i| g[i] != w[i]) {
@@ -75,7 +97,7 @@ fn hand_checked_tiny() {
         (1, &[2, 3, -1], &[1, 1, 0]),
     ];
     for (k, indices, count) in cases {
-        let (got, want) = run_both(&scores, [1, 3, 6], k);
+        let (got, want) = run_both(&util::ctx(), &scores, [1, 3, 6], k);
         assert_eq!(
             want.block_indices,
             Tensor::from_i32(&[1, 3, k], indices),
@@ -178,7 +200,7 @@ fn widest_rows_and_column_65535() {
     scores[2 * w + 40000] = -5.0;
     scores[3 * w - 1] = NEG_INF;
     let k = 2048;
-    let (got, want) = run_both(&scores, [1, 3, w], k);
+    let (got, want) = run_both(&util::ctx(), &scores, [1, 3, w], k);
     let mut expect = vec![-1; 3 * k];
     for (s, v) in expect[..k].iter_mut().enumerate() {
         *v = s as i32;
@@ -352,6 +374,20 @@ fn all_tied_rows_keep_column_order() {
             &format!("all tied, W = {w}, k = {k}"),
         );
     }
+}
+
+/// Which kernel a row shape takes: the subgroup variant only for rows of at most 2048 columns
+/// on 8-lane subgroups (so the cases above reach it on lavapipe), `wide` for long rows.
+#[test]
+fn kernel_choice() {
+    assert_eq!(pipeline(2048, 512, Some(8)), (SHORT_SG, "main"));
+    assert_eq!(pipeline(1, 1, Some(8)), (SHORT_SG, "main"));
+    assert_eq!(pipeline(2048, 128, Some(8)), (SHORT_SG, "main"));
+    assert_eq!(pipeline(2049, 512, Some(8)), (OP, "main"));
+    assert_eq!(pipeline(2048, 512, None), (OP, "main"));
+    assert_eq!(pipeline(2048, 512, Some(32)), (OP, "main"));
+    assert_eq!(pipeline(2048, 128, None), (OP, "wide"));
+    assert_eq!(pipeline(32768, 512, Some(8)), (OP, "wide"));
 }
 
 /// A block-causal prefill: row p has (p + 1) / 4 candidates in front, the rest -inf.

@@ -81,6 +81,7 @@ fn browser_dialect_only_enables_subgroups() {
     assert_eq!(
         with,
         [
+            "block_topk_sg",
             "nsa_compress_attention_sg",
             "nsa_compress_attention_values_sg",
             "sparse_attention_sg"

@@ -23,6 +23,27 @@ pub fn wide(w: u32, k: u32) -> bool {
     w >= 16 * k && w >= 2048 && k <= 512
 }
 
+/// The subgroup variant for short rows (`block_topk_sg.wgsl`).
+pub const SHORT_SG: &str = "block_topk_sg";
+
+/// Rows at most this wide are short: each invocation of the row's workgroup of 256 holds at
+/// most 8 of its keys in registers.
+pub const SHORT_W: u32 = 2048;
+
+/// The shader and entry point for rows of width `w` and `k` slots on an adapter with
+/// `subgroup_size`: short rows take the subgroup variant where subgroups are 8 lanes (the size
+/// it is tested at, lavapipe's), which finds the threshold by counting in registers instead of
+/// the radix select's workgroup histograms; wide rows take `wide`; the rest `main`.
+pub fn pipeline(w: u32, k: u32, subgroup_size: Option<u32>) -> (&'static str, &'static str) {
+    if w <= SHORT_W && subgroup_size == Some(8) {
+        (SHORT_SG, "main")
+    } else if wide(w, k) {
+        (OP, "wide")
+    } else {
+        (OP, "main")
+    }
+}
+
 /// Attributes of `block_topk`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlockTopkAttrs {
@@ -261,14 +282,10 @@ pub fn dispatch_topk<'a>(
         }
     }
     Ok(Dispatch {
-        key: PipelineKey::new(
-            OP,
-            if wide(params.w, params.k) {
-                "wide"
-            } else {
-                "main"
-            },
-        ),
+        key: {
+            let (shader, entry) = pipeline(params.w, params.k, ctx.caps.subgroup_size);
+            PipelineKey::new(shader, entry)
+        },
         params: bytemuck::bytes_of(params),
         buffers: vec![scores, indices, count],
         textures: vec![],

@@ -1,0 +1,158 @@
+// block_topk (SPEC §5), subgroup variant for short rows, as in prefill: W <= 2048, so each
+// invocation of the row's workgroup of 256 holds its (at most 8) columns' keys in registers.
+// Keys, the column-ordered compaction and the ranking are those of `block_topk.wgsl` (steps 1,
+// 3, 4 and 5, in common/block_topk.wgsl); the threshold is found without the radix select's
+// histograms:
+//
+// 2'. Refinement. The threshold is a whole key T (columns ignored) with at least
+//     min(k, candidates) keys >= T. Invariant: the k-th best key lies in [lo, hi]
+//     (lo = 1, hi = +inf's key at first). Each round counts, for 16 thresholds
+//     lo + j · step (step = (hi - lo) / 16 + 1), the keys at or above each one: compares in
+//     registers into 16-bit fields, `subgroupAdd`, one store per subgroup, and subgroup 0 sums
+//     the subgroups' counts. The last threshold with at least k keys at or above it becomes lo,
+//     the next one minus one hi. It stops once the keys >= lo exceed k by at most SLACK (the
+//     ranking drops the ranks >= k and orders ties by column), when the range is one key, or
+//     after REFINE_ROUNDS (4 bits per round: the range is one key by then). With at most k
+//     candidates (round 0's count at threshold 1) every candidate is kept. Every key can be
+//     held at once (W <= MAX_K), so any lo the refinement ends with is exact.
+//
+// On lavapipe the radix select's passes took ~0.53 s of the 8192-row prefill's 0.87 s: its
+// workgroup atomics and its loops of workgroup-memory reads, each a loop over the SIMD lanes.
+// The refinement takes 1.6 rounds per row there (rows with at most k candidates end in the
+// first) and top-k ~0.6 s. The same refinement summed through workgroup memory instead of
+// subgroups (portable) measured no faster than the radix select (0.85 s), so it is not kept.
+
+//#include common/block_topk.wgsl
+
+const REFINE_ROUNDS: u32 = 10u;  // 32 bits, 4 per round: the range is one key by then
+
+// The keys of columns c .. c + 3 of row `base`, 0 from c1 on; one vec4 load when rows start
+// on a vec4 (v4).
+fn keys4(base: u32, c: u32, c1: u32, v4: bool) -> vec4<u32> {
+    let last = max(P.rows * P.w, 1u) - 1u;  // loads stay in the buffer; the keys are masked
+    let n = vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u);
+    var b = vec4<u32>(score_bits(min(base + n.x, last)), score_bits(min(base + n.y, last)),
+                      score_bits(min(base + n.z, last)), score_bits(min(base + n.w, last)));
+    if (v4) {
+        b = scores[min(base + c, last) >> 2u];
+    }
+    let k = vec4<u32>(key_of(b.x), key_of(b.y), key_of(b.z), key_of(b.w));
+    return select(vec4<u32>(0u), k, n < vec4<u32>(c1));
+}
+
+// 16-bit counts of the keys x at or above the thresholds ta (low halves) and tb (high).
+fn count2(x: vec4<u32>, ta: vec4<u32>, tb: vec4<u32>) -> vec4<u32> {
+    let zero = vec4<u32>(0u);
+    let lo = vec4<u32>(1u);
+    let hi = vec4<u32>(0x10000u);
+    return select(zero, lo, vec4<u32>(x.x) >= ta) + select(zero, hi, vec4<u32>(x.x) >= tb)
+        + select(zero, lo, vec4<u32>(x.y) >= ta) + select(zero, hi, vec4<u32>(x.y) >= tb)
+        + select(zero, lo, vec4<u32>(x.z) >= ta) + select(zero, hi, vec4<u32>(x.z) >= tb)
+        + select(zero, lo, vec4<u32>(x.w) >= ta) + select(zero, hi, vec4<u32>(x.w) >= tb);
+}
+
+fn hsum(v: vec4<u32>) -> u32 {
+    return v.x + v.y + v.z + v.w;
+}
+
+// Count j (0 ..= 15) of the totals: lane c of p0 holds thresholds c and c + 4, of p1 c + 8 and
+// c + 12 (low and high halves).
+fn total_of(p0: vec4<u32>, p1: vec4<u32>, j: u32) -> u32 {
+    let w = select(p0[j & 3u], p1[j & 3u], j >= 8u);
+    return (w >> (16u * ((j >> 2u) & 1u))) & 0xffffu;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sub: u32,
+          @builtin(num_subgroups) nsub: u32, @builtin(subgroup_invocation_id) sl: u32,
+          @builtin(subgroup_size) ssz: u32) {
+    let id = wg.y * nwg.x + wg.x;
+    if (id >= P.rows) {
+        return;
+    }
+    let base = id * P.w;
+    let cr = chunk_of(lid);
+    let c0 = cr.x;
+    let c1 = cr.y;
+    let ka = keys4(base, c0, c1, cr.z != 0u);
+    let kb = keys4(base, c0 + 4u, c1, cr.z != 0u);
+    if (lid == 0u) {
+        thr_lo = 1u;          // lo: the k-th best key is >= lo ...
+        thr_hi = 0xff800000u; // hi: ... and <= hi (the largest key)
+        done = 0u;
+    }
+    // Subgroup 0 sums the subgroups' counts: lane l those of subgroups l, l + ssz, ...
+    let first = select(nsub, sl, sub == 0u);
+    for (var round = 0u; round < REFINE_ROUNDS; round++) {
+        if (workgroupUniformLoad(&done) != 0u) {
+            break;
+        }
+        let lo = thr_lo;
+        let step = (thr_hi - lo) / 16u + 1u;
+        let t0 = vec4<u32>(lo) + vec4<u32>(0u, 1u, 2u, 3u) * step;
+        let t1 = t0 + vec4<u32>(4u * step);
+        let t2 = t1 + vec4<u32>(4u * step);
+        let t3 = t2 + vec4<u32>(4u * step);
+        let p0 = subgroupAdd(count2(ka, t0, t1) + count2(kb, t0, t1));
+        let p1 = subgroupAdd(count2(ka, t2, t3) + count2(kb, t2, t3));
+        if (sl == 0u) {
+            skey[2u * sub] = p0;
+            skey[2u * sub + 1u] = p1;
+        }
+        workgroupBarrier();
+        var q0 = vec4<u32>(0u);
+        var q1 = vec4<u32>(0u);
+        for (var g = first; g < nsub; g += ssz) {
+            q0 += skey[2u * g];
+            q1 += skey[2u * g + 1u];
+        }
+        if (sub == 0u) {
+            let s0 = subgroupAdd(q0);  // at most W <= 2048 per field
+            let s1 = subgroupAdd(q1);
+            if (sl == 0u) {
+                if (round == 0u && total_of(s0, s1, 0u) <= P.k) {
+                    done = 1u;  // at most k candidates (keys >= 1): all are kept
+                } else {
+                    // The last threshold with at least k keys at or above it (threshold 0,
+                    // lo, always has).
+                    var j = 15u;
+                    loop {
+                        if (j == 0u || total_of(s0, s1, j) >= P.k) {
+                            break;
+                        }
+                        j--;
+                    }
+                    let t = lo + j * step;
+                    thr_lo = t;
+                    if (j < 15u) {
+                        thr_hi = min(thr_hi, t + step - 1u);
+                    }
+                    if (total_of(s0, s1, j) - P.k <= SLACK || thr_lo == thr_hi) {
+                        done = 1u;
+                    }
+                }
+            }
+        }
+    }
+    // T = lo: at least min(k, candidates) keys are >= T, and at most W <= MAX_K.
+    let th = workgroupUniformLoad(&thr_lo);
+    let zero = vec4<u32>(0u);
+    let one = vec4<u32>(1u);
+    let sa = select(zero, one, ka >= vec4<u32>(th));
+    let sb = select(zero, one, kb >= vec4<u32>(th));
+    let mine = hsum(sa + sb);
+    scan_counts(lid, mine);
+    var pos = sfx[lid] + part[lid >> 4u];
+    for (var u = 0u; u < select(0u, 8u, mine != 0u); u++) {
+        var x = ka[u & 3u];
+        if (u >= 4u) {
+            x = kb[u & 3u];
+        }
+        if (x >= th) {
+            put_entry(pos, x, c0 + u);
+            pos += 1u;
+        }
+    }
+    rank_write(id, lid);
+}
