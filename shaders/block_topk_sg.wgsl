@@ -51,6 +51,100 @@ fn count2(x: vec4<u32>, ta: vec4<u32>, tb: vec4<u32>) -> vec4<u32> {
         + select(zero, lo, vec4<u32>(x.w) >= ta) + select(zero, hi, vec4<u32>(x.w) >= tb);
 }
 
+// The sum over the subgroup (ssz lanes, a power of two), in every lane: a butterfly of
+// `subgroupShuffleXor`s, each one vector permute on llvmpipe, where `subgroupAdd` is a loop
+// over the lanes through memory (~3 × slower for a vec4 of 8 lanes).
+fn subgroup_sum(v: vec4<u32>, ssz: u32) -> vec4<u32> {
+    var s = v;
+    for (var m = 1u; m < ssz; m <<= 1u) {
+        s += subgroupShuffleXor(s, m);
+    }
+    return s;
+}
+
+// The first position of an invocation's `mine` winners in (subgroup, lane) order: a
+// Hillis-Steele scan of shuffles within the subgroup, then the totals of the subgroups before
+// it (one store per subgroup). Clears `scol` and sets `kept` and `nsel` as `scan_counts` does.
+fn scan_sg(lid: u32, mine: u32, sub: u32, nsub: u32, sl: u32, ssz: u32) -> u32 {
+    for (var m = lid; m < MAX_K / 2u; m += WG) {
+        atomicStore(&scol[m], 0u);
+    }
+    var inc = mine;
+    for (var d = 1u; d < ssz; d <<= 1u) {
+        let t = subgroupShuffleUp(inc, d);
+        inc += select(0u, t, sl >= d);
+    }
+    if (sl == ssz - 1u) {
+        sfx[sub] = inc;  // the subgroup's total
+    }
+    workgroupBarrier();
+    var before = vec4<u32>(0u);  // x: totals of the subgroups before this one; y: all
+    for (var g = sl; g < nsub; g += ssz) {
+        let t = sfx[g];
+        before += vec4<u32>(select(0u, t, g < sub), t, 0u, 0u);
+    }
+    before = subgroup_sum(before, ssz);
+    if (lid == 0u) {
+        kept = before.y;
+        nsel = min(before.y, MAX_K);
+    }
+    workgroupBarrier();
+    return before.x + inc - mine;
+}
+
+// Step 4 with the keys handed on by shuffles: where every owner read every quad of `skey`
+// (one loop over the lanes per read on llvmpipe), the lanes of a subgroup read ssz quads at
+// once, one each, and `subgroupShuffle` gives each to all. Quads before every owner's in the
+// subgroup count equal keys (ge), quads after all of them only larger ones (gt); the few
+// between, which hold the owners' own quads, each lane reads itself and compares as
+// `rank_write` does. The same counts as `rank_write`, so the same ranks.
+fn rank_sg(id: u32, lid: u32, sl: u32, ssz: u32) {
+    let m = rank_begin(lid);
+    let p0 = 8u * lid;
+    let own = p0 < m;
+    let nq = (m + 3u) >> 2u;
+    let ka = skey[min(p0 >> 2u, MAX_K / 4u - 1u)];
+    let kb = skey[min((p0 >> 2u) + 1u, MAX_K / 4u - 1u)];
+    let pa = vec4<u32>(p0, p0 + 1u, p0 + 2u, p0 + 3u);
+    let pb = pa + vec4<u32>(4u);
+    let qo = min(p0 >> 2u, nq);
+    // The subgroup's quads before every owner's [0, qa) and after them all [qb, nq); nothing
+    // for a subgroup without owners.
+    let qa = subgroupMin(select(nq, qo, own));
+    let qb = min(subgroupMax(select(0u, qo + 2u, own)), nq);
+    let any_own = qb > 0u;
+    var ra = vec4<u32>(0u);
+    var rb = vec4<u32>(0u);
+    for (var b = 0u; b < select(0u, qa, any_own); b += ssz) {
+        let mine = skey[min(b + sl, qa - 1u)];
+        for (var i = 0u; i < min(ssz, qa - b); i++) {
+            let v = subgroupShuffle(mine, i);
+            ra += ge4(v, ka);
+            rb += ge4(v, kb);
+        }
+    }
+    for (var q = qa; q < select(qa, qb, any_own); q++) {
+        let v = skey[q];
+        let before = vec4<u32>(select(0u, 1u, q < qo));
+        let after = vec4<u32>(select(0u, 1u, q >= qo + 2u));
+        ra += before * ge4(v, ka) + after * gt4(v, ka);
+        rb += before * ge4(v, kb) + after * gt4(v, kb);
+        if (q >= qo && q < qo + 2u) {
+            ra += before_quad(v, q, pa, ka);
+            rb += before_quad(v, q, pb, kb);
+        }
+    }
+    for (var b = qb; b < select(qb, nq, any_own); b += ssz) {
+        let mine = skey[min(b + sl, nq - 1u)];
+        for (var i = 0u; i < min(ssz, nq - b); i++) {
+            let v = subgroupShuffle(mine, i);
+            ra += gt4(v, ka);
+            rb += gt4(v, kb);
+        }
+    }
+    rank_end(id, lid, m, ra, rb);
+}
+
 fn hsum(v: vec4<u32>) -> u32 {
     return v.x + v.y + v.z + v.w;
 }
@@ -72,7 +166,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let base = id * P.w;
-    let cr = chunk_of(lid);
+    // Columns go by (subgroup, lane), the order of the positions `scan_sg` gives them, so that
+    // position order is column order whatever the invocations' layout in subgroups.
+    let v = sub * ssz + sl;
+    let cr = chunk_of(v);
     let c0 = cr.x;
     let c1 = cr.y;
     let ka = keys4(base, c0, c1, cr.z != 0u);
@@ -94,8 +191,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let t1 = t0 + vec4<u32>(4u * step);
         let t2 = t1 + vec4<u32>(4u * step);
         let t3 = t2 + vec4<u32>(4u * step);
-        let p0 = subgroupAdd(count2(ka, t0, t1) + count2(kb, t0, t1));
-        let p1 = subgroupAdd(count2(ka, t2, t3) + count2(kb, t2, t3));
+        let p0 = subgroup_sum(count2(ka, t0, t1) + count2(kb, t0, t1), ssz);
+        let p1 = subgroup_sum(count2(ka, t2, t3) + count2(kb, t2, t3), ssz);
         if (sl == 0u) {
             skey[2u * sub] = p0;
             skey[2u * sub + 1u] = p1;
@@ -108,8 +205,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             q1 += skey[2u * g + 1u];
         }
         if (sub == 0u) {
-            let s0 = subgroupAdd(q0);  // at most W <= 2048 per field
-            let s1 = subgroupAdd(q1);
+            let s0 = subgroup_sum(q0, ssz);  // at most W <= 2048 per field
+            let s1 = subgroup_sum(q1, ssz);
             if (sl == 0u) {
                 if (round == 0u && total_of(s0, s1, 0u) <= P.k) {
                     done = 1u;  // at most k candidates (keys >= 1): all are kept
@@ -142,8 +239,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let sa = select(zero, one, ka >= vec4<u32>(th));
     let sb = select(zero, one, kb >= vec4<u32>(th));
     let mine = hsum(sa + sb);
-    scan_counts(lid, mine);
-    var pos = sfx[lid] + part[lid >> 4u];
+    var pos = scan_sg(lid, mine, sub, nsub, sl, ssz);
     for (var u = 0u; u < select(0u, 8u, mine != 0u); u++) {
         var x = ka[u & 3u];
         if (u >= 4u) {
@@ -154,5 +250,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             pos += 1u;
         }
     }
-    rank_write(id, lid);
+    rank_sg(id, lid, sl, ssz);
 }

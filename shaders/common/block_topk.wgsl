@@ -315,28 +315,59 @@ fn scan_counts(lid: u32, mine: u32) {
     workgroupBarrier();
 }
 
-// Steps 4 and 5 over the m entries of `skey` / `scol`.
-fn rank_write(id: u32, lid: u32) {
+// Step 4's start: pads `skey` with 0 keys to whole quads after the m entries and returns m.
+fn rank_begin(lid: u32) -> u32 {
     let m = workgroupUniformLoad(&nsel);
-    let n = min(m, P.k);  // the winners: min(k, candidates)
     if (lid == 0u && (m & 3u) != 0u) {
         for (var s = m; s < ((m + 3u) & ~3u) && lid == 0u; s++) {
             skey[s >> 2u][s & 3u] = 0u;  // below every candidate: never counts as before
         }
     }
     workgroupBarrier();
+    return m;
+}
 
+// Step 4's end and step 5: the owner of positions p0 = 8 lid .. p0 + 7 writes the column of
+// each one whose rank (ra, rb) is below n = min(k, m); padding; the count.
+fn rank_end(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
+    let n = min(m, P.k);  // the winners: min(k, candidates)
+    let p0 = 8u * lid;
+    let row = (P.out_base + id) * P.k;
+    for (var u = 0u; u < select(0u, 8u, p0 < m); u++) {
+        let s = p0 + u;
+        if (s < m) {
+            let col = (atomicLoad(&scol[s >> 1u]) >> (16u * (s & 1u))) & 0xffffu;
+            var r = ra[u & 3u];
+            if (u >= 4u) {
+                r = rb[u & 3u];
+            }
+            if (r < n) {
+                block_indices[row + r] = i32(col);
+            }
+        }
+    }
+    for (var s = n + lid; s < P.k; s += WG) {
+        block_indices[row + s] = -1;
+    }
+    if (lid == 0u) {
+        block_count[P.out_base + id] = i32(n);
+    }
+}
+
+// Steps 4 and 5 over the m entries of `skey` / `scol`.
+fn rank_write(id: u32, lid: u32) {
+    let m = rank_begin(lid);
     // 4. Rank by counting: invocation t owns positions 8t .. 8t + 7; the rank of an entry is the
     //    number of entries before it (a larger key, or the same key at a lower position, which
     //    is a lower column). Keys are at most 0xff800000, so `kj + 1` cannot wrap.
     let p0 = 8u * lid;
+    var ra = vec4<u32>(0u);
+    var rb = vec4<u32>(0u);
     if (p0 < m) {
         let ka = skey[p0 >> 2u];
         let kb = skey[(p0 >> 2u) + 1u];
         let pa = vec4<u32>(p0, p0 + 1u, p0 + 2u, p0 + 3u);
         let pb = pa + vec4<u32>(4u);
-        var ra = vec4<u32>(0u);
-        var rb = vec4<u32>(0u);
         // Per-invocation bounds: vectors of idle invocations leave the loops at once. Quads
         // before the owner's hold lower positions, so an equal key there comes before; in the
         // owner's two quads positions decide; after them only a larger key does.
@@ -357,27 +388,6 @@ fn rank_write(id: u32, lid: u32) {
             ra += gt4(v, ka);
             rb += gt4(v, kb);
         }
-        let row = (P.out_base + id) * P.k;
-        for (var u = 0u; u < select(0u, 8u, p0 < m); u++) {
-            let s = p0 + u;
-            if (s < m) {
-                let col = (atomicLoad(&scol[s >> 1u]) >> (16u * (s & 1u))) & 0xffffu;
-                var r = ra[u & 3u];
-                if (u >= 4u) {
-                    r = rb[u & 3u];
-                }
-                if (r < n) {
-                    block_indices[row + r] = i32(col);
-                }
-            }
-        }
     }
-
-    // 5. Padding.
-    for (var s = n + lid; s < P.k; s += WG) {
-        block_indices[(P.out_base + id) * P.k + s] = -1;
-    }
-    if (lid == 0u) {
-        block_count[P.out_base + id] = i32(n);
-    }
+    rank_end(id, lid, m, ra, rb);
 }
