@@ -1,26 +1,35 @@
-// block_topk (SPEC §5), subgroup variant for short rows, as in prefill: W <= 2048, so each
-// invocation of the row's workgroup of 256 holds its (at most 8) columns' keys in registers.
-// Keys, the column-ordered compaction and the ranking are those of `block_topk.wgsl` (steps 1,
-// 3, 4 and 5, in common/block_topk.wgsl); the threshold is found without the radix select's
-// histograms:
+// block_topk (SPEC §5), subgroup variants (chosen where subgroups are 8 lanes). The keys,
+// the order and steps 1 to 5 are those of `block_topk.wgsl` (shared part in
+// common/block_topk.wgsl), except:
 //
-// 2'. Refinement. The threshold is a whole key T (columns ignored) with at least
-//     min(k, candidates) keys >= T. Invariant: the k-th best key lies in [lo, hi]
-//     (lo = 1, hi = +inf's key at first). Each round counts, for 16 thresholds
+// Entry `main`, short rows (W <= 2048, as in prefill): each invocation of the row's workgroup
+// of 256 holds its (at most 8) columns' keys in registers; its columns are chunk
+// sub · ssz + lane, the order the scan below gives positions, so position order is column
+// order whatever the invocations' layout in subgroups.
+// 2'. Refinement instead of the radix select. The threshold is a whole key T (columns
+//     ignored) with at least min(k, candidates) keys >= T. Invariant: the k-th best key lies
+//     in [lo, hi] (lo = 1, hi = +inf's key at first). Each round counts, for 16 thresholds
 //     lo + j · step (step = (hi - lo) / 16 + 1), the keys at or above each one: compares in
-//     registers into 16-bit fields, `subgroupAdd`, one store per subgroup, and subgroup 0 sums
-//     the subgroups' counts. The last threshold with at least k keys at or above it becomes lo,
-//     the next one minus one hi. It stops once the keys >= lo exceed k by at most SLACK (the
-//     ranking drops the ranks >= k and orders ties by column), when the range is one key, or
-//     after REFINE_ROUNDS (4 bits per round: the range is one key by then). With at most k
-//     candidates (round 0's count at threshold 1) every candidate is kept. Every key can be
-//     held at once (W <= MAX_K), so any lo the refinement ends with is exact.
+//     registers into 16-bit fields, summed over the subgroup by a `subgroupShuffleXor`
+//     butterfly, one store per subgroup, and subgroup 0 sums the subgroups' counts. The last
+//     threshold with at least k keys at or above it becomes lo, the next one minus one hi. It
+//     stops once the keys >= lo exceed k by at most SLACK (the ranking drops the ranks >= k and
+//     orders ties by column), when the range is one key, or after REFINE_ROUNDS (4 bits per
+//     round: the range is one key by then). With at most k candidates (round 0's count at
+//     threshold 1) every candidate is kept. Every key of such a row fits the ranking
+//     (W <= MAX_K), so any lo the refinement ends with is exact.
+// 3'. The compaction's exclusive scan by `subgroupShuffleUp` within subgroups and one store
+//     per subgroup, not through `sfx` in 16 groups of 16.
+// 4'. The ranking (`rank_sg`, also entry `wide_sg` after the wide rows' steps 1 to 3): the
+//     lanes of a subgroup read ssz quads of keys at once and `subgroupShuffle` hands each to
+//     all, where every owner read every quad itself.
 //
-// On lavapipe the radix select's passes took ~0.53 s of the 8192-row prefill's 0.87 s: its
-// workgroup atomics and its loops of workgroup-memory reads, each a loop over the SIMD lanes.
-// The refinement takes 1.6 rounds per row there (rows with at most k candidates end in the
-// first) and top-k ~0.6 s. The same refinement summed through workgroup memory instead of
-// subgroups (portable) measured no faster than the radix select (0.85 s), so it is not kept.
+// Why (lavapipe, docs/perf.md): a read of workgroup memory at an address that differs by lane,
+// and a `subgroupAdd`, are each a loop over the 8 lanes; a shuffle is one vector permute. The
+// radix select's passes took ~0.53 s of the 8192-row prefill's 0.87 s top-k; with 2' (1.6
+// rounds per row on average) top-k took 0.62 s, with the shuffles of 2', 3' and 4' 0.48 s.
+// The refinement summed through workgroup memory (portable, no subgroups) measured no faster
+// than the radix select (0.85 s), so the portable kernel keeps the radix select.
 
 //#include common/block_topk.wgsl
 
@@ -250,5 +259,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             pos += 1u;
         }
     }
+    rank_sg(id, lid, sl, ssz);
+}
+
+// Wide rows (`wide` of block_topk.wgsl, decode over a long context) with the subgroup ranking.
+@compute @workgroup_size(256)
+fn wide_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32,
+           @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_size) ssz: u32) {
+    let id = wg.y * nwg.x + wg.x;
+    if (id >= P.rows) {
+        return;
+    }
+    wide_select(id, lid);
     rank_sg(id, lid, sl, ssz);
 }

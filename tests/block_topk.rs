@@ -6,7 +6,7 @@ mod util;
 
 use qsa_wgpu::gpu::Context;
 use qsa_wgpu::ops::block_topk::{
-    cpu, gpu, pipeline, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs, OP, SHORT_SG,
+    cpu, gpu, pipeline, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs, OP, SHADER_SG,
 };
 use qsa_wgpu::ops::{run_blocking, AttrMap, Exec, TensorMap};
 use qsa_wgpu::testing::Rng;
@@ -376,18 +376,21 @@ fn all_tied_rows_keep_column_order() {
     }
 }
 
-/// Which kernel a row shape takes: the subgroup variant only for rows of at most 2048 columns
-/// on 8-lane subgroups (so the cases above reach it on lavapipe), `wide` for long rows.
+/// Which kernel a row shape takes: the subgroup variants only on 8-lane subgroups (so the
+/// cases above reach them on lavapipe and the portable kernels through `portable_ctx`): short
+/// rows (W <= 2048) and wide ones; rows between take the portable `main` everywhere.
 #[test]
 fn kernel_choice() {
-    assert_eq!(pipeline(2048, 512, Some(8)), (SHORT_SG, "main"));
-    assert_eq!(pipeline(1, 1, Some(8)), (SHORT_SG, "main"));
-    assert_eq!(pipeline(2048, 128, Some(8)), (SHORT_SG, "main"));
+    assert_eq!(pipeline(2048, 512, Some(8)), (SHADER_SG, "main"));
+    assert_eq!(pipeline(1, 1, Some(8)), (SHADER_SG, "main"));
+    assert_eq!(pipeline(2048, 128, Some(8)), (SHADER_SG, "main"));
     assert_eq!(pipeline(2049, 512, Some(8)), (OP, "main"));
     assert_eq!(pipeline(2048, 512, None), (OP, "main"));
     assert_eq!(pipeline(2048, 512, Some(32)), (OP, "main"));
     assert_eq!(pipeline(2048, 128, None), (OP, "wide"));
-    assert_eq!(pipeline(32768, 512, Some(8)), (OP, "wide"));
+    assert_eq!(pipeline(32768, 512, Some(8)), (SHADER_SG, "wide_sg"));
+    assert_eq!(pipeline(32768, 512, None), (OP, "wide"));
+    assert_eq!(pipeline(4096, 512, Some(8)), (OP, "main"));
 }
 
 /// A block-causal prefill: row p has (p + 1) / 4 candidates in front, the rest -inf.

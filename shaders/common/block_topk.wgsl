@@ -391,3 +391,111 @@ fn rank_write(id: u32, lid: u32) {
     }
     rank_end(id, lid, m, ra, rb);
 }
+
+// Steps 1 to 3 of a wide row (entry points `wide` and, with subgroups, `wide_sg`): the sampled
+// threshold, the radix select when it fails, and the compaction with winner masks.
+fn wide_select(id: u32, lid: u32) {
+    let base = id * P.w;
+    init_state(lid);
+
+    // 1. The sampled threshold.
+    if (lid < SAMPLE / 4u) {
+        let s = 4u * lid;
+        skey[lid] = vec4<u32>(key_of(score_bits(base + s * P.w / SAMPLE)),
+                              key_of(score_bits(base + (s + 1u) * P.w / SAMPLE)),
+                              key_of(score_bits(base + (s + 2u) * P.w / SAMPLE)),
+                              key_of(score_bits(base + (s + 3u) * P.w / SAMPLE)));
+    }
+    workgroupBarrier();
+    // Rank by counting among the sample, as in step 4.
+    let ka = skey[min(lid, SAMPLE / 4u - 1u)];
+    let pa = vec4<u32>(4u * lid) + vec4<u32>(0u, 1u, 2u, 3u);
+    var ra = vec4<u32>(0u);
+    let nq = select(0u, SAMPLE / 4u, lid < SAMPLE / 4u);
+    for (var q = 0u; q < nq; q++) {
+        ra += before_quad(skey[q], q, pa, ka);
+    }
+    let goal = clamp((5u * P.k * SAMPLE + 2u * P.w - 1u) / (2u * P.w), 1u, SAMPLE) - 1u;
+    if (lid < SAMPLE / 4u) {
+        let hit = ra == vec4<u32>(goal);
+        if (hit.x) { thr_s = ka.x; }
+        if (hit.y) { thr_s = ka.y; }
+        if (hit.z) { thr_s = ka.z; }
+        if (hit.w) { thr_s = ka.w; }
+    }
+    workgroupBarrier();
+    if (lid == 0u && thr_s != 0u) {
+        // Threshold "key >= T": the whole key compared, columns ignored.
+        thr_hi = thr_s;
+        mask_hi = 0xffffffffu;
+        done = 1u;
+        sampled = 1u;
+    }
+
+    let cr = chunk_of(lid);
+    let c0 = cr.x;
+    let c1 = cr.y;
+    let v4 = cr.z != 0u;
+    var th = 0u;
+    var tl = 0u;
+    var mh = 0u;
+    var ml = 0u;
+    var mine = 0u;
+    var ma = vec4<u32>(0u);  // which columns of the chunk are selected: bits 0 .. 127
+    var mb = vec4<u32>(0u);  // ... 128 .. 255
+    for (var attempt = 0u; attempt < 2u; attempt++) {
+        radix_select(base, lid);  // nothing when the sampled threshold stands
+        workgroupBarrier();
+        th = thr_hi;
+        tl = thr_lo;
+        mh = mask_hi;
+        ml = mask_lo;
+        ma = vec4<u32>(0u);
+        mb = vec4<u32>(0u);
+        if (v4) {
+            for (var c = c0; c < c1; c += 4u) {
+                set_bits(&ma, &mb, c - c0, sel4(scores[(base + c) >> 2u], c, th, tl, mh, ml));
+            }
+        } else {
+            for (var c = c0; c < c1; c++) {
+                let one = u32(selected(key_of(score_bits(base + c)), 0xffffu - c, th, tl, mh, ml));
+                set_bits(&ma, &mb, c - c0, one);
+            }
+        }
+        let pc = countOneBits(ma) + countOneBits(mb);
+        mine = pc.x + pc.y + pc.z + pc.w;
+        scan_counts(lid, mine);
+        if (lid == 0u) {
+            // A sampled threshold must keep between k and MAX_K keys; else search from scratch.
+            let acc = kept;
+            if (sampled != 0u && (acc < P.k || acc > MAX_K)) {
+                retry = 1u;
+                sampled = 0u;
+                clear_search();
+            } else {
+                retry = 0u;
+            }
+        }
+        if (workgroupUniformLoad(&retry) == 0u) {
+            break;
+        }
+    }
+    // Only the marked columns: one iteration per selected entry, not per column.
+    var pos = sfx[lid] + part[lid >> 4u];
+    let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
+    for (var wi = 0u; wi < words; wi++) {
+        var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
+        loop {
+            if (bits == 0u) {
+                break;
+            }
+            let c = c0 + 32u * wi + firstTrailingBit(bits);
+            bits &= bits - 1u;
+            let p = pos;
+            if (p < MAX_K) {
+                put_entry(p, key_of(score_bits(base + c)), c);
+            }
+            pos = p + 1u;
+        }
+    }
+}

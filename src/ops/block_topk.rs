@@ -23,20 +23,26 @@ pub fn wide(w: u32, k: u32) -> bool {
     w >= 16 * k && w >= 2048 && k <= 512
 }
 
-/// The subgroup variant for short rows (`block_topk_sg.wgsl`).
-pub const SHORT_SG: &str = "block_topk_sg";
+/// The subgroup variants (`block_topk_sg.wgsl`): entry `main` for short rows, `wide_sg` for
+/// wide ones.
+pub const SHADER_SG: &str = "block_topk_sg";
 
 /// Rows at most this wide are short: each invocation of the row's workgroup of 256 holds at
 /// most 8 of its keys in registers.
 pub const SHORT_W: u32 = 2048;
 
 /// The shader and entry point for rows of width `w` and `k` slots on an adapter with
-/// `subgroup_size`: short rows take the subgroup variant where subgroups are 8 lanes (the size
-/// it is tested at, lavapipe's), which finds the threshold by counting in registers instead of
-/// the radix select's workgroup histograms; wide rows take `wide`; the rest `main`.
+/// `subgroup_size`. Where subgroups are 8 lanes (the size the variants are tested at,
+/// lavapipe's), short rows find the threshold by counting in registers instead of the radix
+/// select's workgroup histograms, and every row but the middle-width ones ranks its winners
+/// with keys handed on by shuffles; wide rows take the sampled threshold (`wide`, `wide_sg`);
+/// the rest `main`.
 pub fn pipeline(w: u32, k: u32, subgroup_size: Option<u32>) -> (&'static str, &'static str) {
-    if w <= SHORT_W && subgroup_size == Some(8) {
-        (SHORT_SG, "main")
+    let sg = subgroup_size == Some(8);
+    if w <= SHORT_W && sg {
+        (SHADER_SG, "main")
+    } else if wide(w, k) && sg {
+        (SHADER_SG, "wide_sg")
     } else if wide(w, k) {
         (OP, "wide")
     } else {
