@@ -28,6 +28,7 @@
 // the same operator reading them from textures (what the indexer binds, see docs/perf.md).
 
 //#include common/block_score.wgsl
+//#include common/block_score_queries.wgsl
 
 @group(0) @binding(1) var<storage, read> query: array<vec4<u32>>; // [T, Hi, Di] T, in 16-byte words
 @group(0) @binding(2) var<storage, read> keys: array<vec4<u32>>;  // [N·max_blocks, Di] T, in 16-byte words

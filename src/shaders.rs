@@ -68,6 +68,18 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/block_score.wgsl"),
     ),
     (
+        "common/block_score_queries.wgsl",
+        include_str!("../shaders/common/block_score_queries.wgsl"),
+    ),
+    (
+        "common/block_score_textures.wgsl",
+        include_str!("../shaders/common/block_score_textures.wgsl"),
+    ),
+    (
+        "block_score_tex_sg.wgsl",
+        include_str!("../shaders/block_score_tex_sg.wgsl"),
+    ),
+    (
         "block_score.wgsl",
         include_str!("../shaders/block_score.wgsl"),
     ),

@@ -181,7 +181,8 @@ fn tilings_agree_at_tile_edges() {
     // neither, sequences start mid-tile (one is empty), the early rows of the long-cached
     // sequence leave whole block tiles masked, chunks start mid-tile, and some widths (Di = 36
     // in f16/bf16, Di = 10) take the element-by-element path (always in one-row tiles). Keys
-    // and queries read from textures (what the indexer binds) give the same scores bit for bit.
+    // and queries read from textures (what the indexer binds) give the same scores bit for bit,
+    // with and without the subgroup variant of the row tiles.
     let ctx = util::ctx();
     let mut rng = Rng::new(77);
     let rows = [30, 1, 0, 25, 49];
@@ -222,11 +223,32 @@ fn tilings_agree_at_tile_edges() {
                 "{dt} hi={hi} hs={hs} di={di} r={r}: {tiling:?} in chunks of {chunk:?} rows"
             );
         }
-        for (chunk, tiling) in [(None, Tiling::RowTiles), (Some(13), Tiling::OneRow)] {
+        // From textures: row tiles take the subgroup variant where subgroups are 8 lanes (f32),
+        // so they run on the portable context too.
+        let portable = util::portable_ctx();
+        for (chunk, tiling) in [
+            (None, Tiling::RowTiles),
+            (Some(7), Tiling::RowTiles),
+            (Some(13), Tiling::OneRow),
+        ] {
             assert_eq!(
                 run_with(chunk, tiling, true),
                 rows_tiled,
                 "{dt} hi={hi} hs={hs} di={di} r={r}: queries and keys in textures, {tiling:?} \
+                 in chunks of {chunk:?} rows"
+            );
+            let got = pollster::block_on(gpu_tiled(
+                &portable,
+                &p.inputs(),
+                &a,
+                chunk,
+                Some(tiling),
+                true,
+            ))
+            .unwrap();
+            assert_eq!(
+                got, rows_tiled,
+                "{dt} hi={hi} hs={hs} di={di} r={r}: textures without subgroups, {tiling:?} \
                  in chunks of {chunk:?} rows"
             );
         }

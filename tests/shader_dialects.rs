@@ -82,6 +82,7 @@ fn browser_dialect_only_enables_subgroups() {
         with,
         [
             "block_topk_sg",
+            "block_score_tex_sg",
             "nsa_compress_attention_sg",
             "nsa_compress_attention_values_sg",
             "sparse_attention_sg"

@@ -89,7 +89,11 @@ fn row_chunk(off: u32, c: u32, keys: bool) -> Chunk {
                       elem(off, ch + 5u, keys), elem(off, ch + 7u, keys)),
         );
     }
-    let w = word(off / chunk_len() + c, keys);
+    return word_chunk(word(off / chunk_len() + c, keys));
+}
+
+// The channels of one 16-byte word of a row.
+fn word_chunk(w: vec4<u32>) -> Chunk {
     if (T_KIND == 0u) {
         return Chunk(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
     }
@@ -112,10 +116,10 @@ struct Quad {
 }
 
 fn quad(o: vec4<u32>, c: u32) -> Quad {
-    let a = q_chunk(o.x, c);
-    let b = q_chunk(o.y, c);
-    let d = q_chunk(o.z, c);
-    let e = q_chunk(o.w, c);
+    return quad_of(q_chunk(o.x, c), q_chunk(o.y, c), q_chunk(o.z, c), q_chunk(o.w, c));
+}
+
+fn quad_of(a: Chunk, b: Chunk, d: Chunk, e: Chunk) -> Quad {
     return Quad(transpose(mat4x4<f32>(a.lo, b.lo, d.lo, e.lo)),
                 transpose(mat4x4<f32>(a.hi, b.hi, d.hi, e.hi)));
 }
@@ -312,9 +316,10 @@ fn store_quad(sum: ptr<function, array<vec4<f32>, 96>>, m: u32, lr: u32, g: u32,
     store_rows(lr, g, b + 120u, (*sum)[s + 15u], x, n);
 }
 
-@compute @workgroup_size(64)
-fn row_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lane: u32) {
+// The body of entry point row_tiles, which the including file declares (with the subgroup
+// lane sl where it has subgroups, else 0) along with the query hooks `query_rows`,
+// `query_fetch` and `query_quad` (common/block_score_queries.wgsl, or the subgroup variant's own).
+fn row_tiles_body(wg: vec3<u32>, nwg: vec3<u32>, lane: u32, sl: u32) {
     let id = wg.y * nwg.x + wg.x;
     let btiles = (P.max_blocks + TB - 1u) / TB;
     if (id >= ((P.rows + TR - 1u) / TR) * btiles) {
@@ -350,7 +355,7 @@ fn row_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         let k1 = key_rows(n, b0 + 32u);
         let k2 = key_rows(n, b0 + 64u);
         let k3 = key_rows(n, b0 + 96u);
-        let chunks = select(0u, chunks_per_row(), b0 < top);
+        let chunks = select(0u, chunks_per_row(), tile_runs(b0 < top));
         for (var g = 0u; g < P.hs; g++) {
             // Explicit zero initialisers: these are declared inside loops and must start from
             // zero on every iteration (a browser compiler was seen to keep the last values).
@@ -363,14 +368,16 @@ fn row_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
                 let o3 = (x3.t * P.hi + h) * P.di;
                 let o4 = (x4.t * P.hi + h) * P.di;
                 let o5 = (x5.t * P.hi + h) * P.di;
+                let mine = query_rows(o0, o1, o2, o3, o4, o5, sl);
                 for (var c = 0u; c < chunks; c++) {
                     let k = keys16(k0, k1, k2, k3, c);
-                    mac_rows(&acc, 0u, quad(o0, c), k);
-                    mac_rows(&acc, 1u, quad(o1, c), k);
-                    mac_rows(&acc, 2u, quad(o2, c), k);
-                    mac_rows(&acc, 3u, quad(o3, c), k);
-                    mac_rows(&acc, 4u, quad(o4, c), k);
-                    mac_rows(&acc, 5u, quad(o5, c), k);
+                    let f = query_fetch(mine, c);
+                    mac_rows(&acc, 0u, query_quad(o0, 0u, f, c), k);
+                    mac_rows(&acc, 1u, query_quad(o1, 1u, f, c), k);
+                    mac_rows(&acc, 2u, query_quad(o2, 2u, f, c), k);
+                    mac_rows(&acc, 3u, query_quad(o3, 3u, f, c), k);
+                    mac_rows(&acc, 4u, query_quad(o4, 4u, f, c), k);
+                    mac_rows(&acc, 5u, query_quad(o5, 5u, f, c), k);
                 }
                 relu_rows(&sum, &acc, 0u, weights4(x0.t, h));
                 relu_rows(&sum, &acc, 1u, weights4(x1.t, h));
