@@ -1,12 +1,14 @@
-// block_score (SPEC §4, see block_score.wgsl) from the texture copies (block_score_tex.wgsl),
-// row_tiles for subgroups of 8 lanes: the 24 query rows of a tile are the same in every
-// invocation of the workgroup, so instead of every lane fetching all 24 texels of a chunk,
-// lane l fetches those of rows l, l + 8 and l + 16 and `subgroupShuffle` hands each to every
-// lane (one vector permute on llvmpipe, where a texel fetch is a gather of 8 lanes through a
-// function call: about half of row_tiles' time went to fetches, 24 of 40 per chunk to the
-// queries). The same words, products and order: the same scores bit for bit. Invocations
-// run the products when any lane of their subgroup has a visible block (the shuffles need
-// the whole subgroup); the others' sums are stored as -inf as before.
+// block_score (SPEC §4, see block_score.wgsl) from the texture copies (block_score_tex.wgsl)
+// for subgroups of 8 lanes. The query rows are the same in every invocation of a workgroup
+// (row_tiles: the tile's 24 rows; one_row: the row's 4 heads at a time), so instead of every
+// lane fetching each of their texels, row_tiles' lane l fetches rows l, l + 8 and l + 16 and
+// one_row's lane l head l % 4, and `subgroupShuffle` hands each word to every lane (one vector
+// permute on llvmpipe, where a texel fetch is a gather of 8 lanes through a function call:
+// about half of row_tiles' time went to fetches, 24 of 40 per chunk to the queries). The same
+// words, products and order: the same scores bit for bit. Invocations run the products when
+// any lane of their subgroup has a visible block (the shuffles need the whole subgroup); the
+// others' sums are stored as -inf as before. The host picks this file for row tiles in f32
+// (in bf16 it measured slower) and one-row tiles in every type.
 
 //#include common/block_score.wgsl
 //#include common/block_score_textures.wgsl
@@ -40,6 +42,13 @@ fn query_quad(o: vec4<u32>, m: u32, f: array<vec4<u32>, 3>, c: u32) -> Quad {
                    word_chunk(subgroupShuffle(w, l + 2u)), word_chunk(subgroupShuffle(w, l + 3u)));
 }
 
+// one_row: lane l fetches head l % 4's word; lanes 0 … 3 hand them on.
+fn head_quad(o: vec4<u32>, c: u32, sl: u32) -> Quad {
+    let w = query_word(pick(o, sl & 3u) / chunk_len() + c);
+    return quad_of(word_chunk(subgroupShuffle(w, 0u)), word_chunk(subgroupShuffle(w, 1u)),
+                   word_chunk(subgroupShuffle(w, 2u)), word_chunk(subgroupShuffle(w, 3u)));
+}
+
 fn tile_runs(mine: bool) -> bool {
     return subgroupAny(mine);
 }
@@ -49,4 +58,11 @@ fn row_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
              @builtin(local_invocation_index) lane: u32,
              @builtin(subgroup_invocation_id) sl: u32) {
     row_tiles_body(wg, nwg, lane, sl);
+}
+
+@compute @workgroup_size(64)
+fn one_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lane: u32,
+           @builtin(subgroup_invocation_id) sl: u32) {
+    one_row_body(wg, nwg, lane, sl);
 }

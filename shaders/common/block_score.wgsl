@@ -424,9 +424,8 @@ fn store_blocks(r: u32, g: u32, b: u32, v: vec4<f32>, vis: u32) {
     if (bs.w < w) { scores[row + bs.w] = s.w; }
 }
 
-@compute @workgroup_size(64)
-fn one_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lane: u32) {
+// The body of entry point one_row, declared by the including file like row_tiles.
+fn one_row_body(wg: vec3<u32>, nwg: vec3<u32>, lane: u32, sl: u32) {
     let id = wg.y * nwg.x + wg.x;
     let btiles = (P.max_blocks + TB - 1u) / TB;
     if (id >= P.rows * btiles) {
@@ -442,7 +441,7 @@ fn one_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let k1 = key_rows(n, b0 + 32u);
     let k2 = key_rows(n, b0 + 64u);
     let k3 = key_rows(n, b0 + 96u);
-    let chunks = select(0u, chunks_per_row(), b0 < vis);
+    let chunks = select(0u, chunks_per_row(), tile_runs(b0 < vis));
     let gsize = P.hi / P.hs;
     for (var g = 0u; g < P.hs; g++) {
         var s0 = vec4<f32>(0.0);
@@ -473,7 +472,7 @@ fn one_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
             var a14 = vec4<f32>(0.0);
             var a15 = vec4<f32>(0.0);
             for (var c = 0u; c < chunks; c++) {
-                let q = quad(o, c);
+                let q = head_quad(o, c, sl);
                 let k = keys16(k0, k1, k2, k3, c);
                 a0 = mac(a0, q, k[0]);
                 a1 = mac(a1, q, k[1]);

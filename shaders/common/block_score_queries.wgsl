@@ -17,6 +17,11 @@ fn query_quad(o: vec4<u32>, m: u32, f: array<vec4<u32>, 3>, c: u32) -> Quad {
     return quad(o, c);
 }
 
+// one_row: chunk c of the four heads' query rows (element offsets o).
+fn head_quad(o: vec4<u32>, c: u32, sl: u32) -> Quad {
+    return quad(o, c);
+}
+
 // Whether an invocation runs the products: when any of its blocks is visible.
 fn tile_runs(mine: bool) -> bool {
     return mine;
@@ -26,4 +31,10 @@ fn tile_runs(mine: bool) -> bool {
 fn row_tiles(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lane: u32) {
     row_tiles_body(wg, nwg, lane, 0u);
+}
+
+@compute @workgroup_size(64)
+fn one_row(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lane: u32) {
+    one_row_body(wg, nwg, lane, 0u);
 }

@@ -11,9 +11,9 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, PipelineKey, WordTexture};
 use crate::tensor::{DType, Tensor};
 
-/// The row-tile kernel from the texture copies for subgroups of 8 lanes and f32
-/// (`block_score_tex_sg.wgsl`): the tile's query words fetched once per subgroup and handed on
-/// by shuffles, the same scores bit for bit.
+/// The kernels from the texture copies for subgroups of 8 lanes (`block_score_tex_sg.wgsl`;
+/// row tiles in f32, one-row tiles in every type): the query words every lane needs are
+/// fetched once per subgroup and handed on by shuffles, the same scores bit for bit.
 pub const TEX_SG: &str = "block_score_tex_sg";
 
 pub const OP: &str = "block_score";
@@ -398,11 +398,12 @@ pub fn dispatch_score_tiled<'a>(
     })?;
     // Bindings 1 and 2: the query and key buffers, or their texture copies.
     let (shader, mut buffers, textures) = match b.textures {
-        // f32 only: in bf16 the variant measured ~12 % slower on lavapipe (and ~10 % faster in
-        // f32), alternating binaries.
+        // Row tiles in f32 only: in bf16 they measured ~12 % slower on lavapipe (~10 % faster
+        // in f32); one-row tiles ~5 % faster in f32, no slower in bf16 (alternating binaries).
+        // Rows that do not start on a word (VEC = 0) gather elements: not this variant.
         Some(t)
-            if tiling == Tiling::RowTiles
-                && dt == DType::F32
+            if (tiling == Tiling::OneRow || dt == DType::F32)
+                && vec
                 && ctx.caps.subgroup_size == Some(8) =>
         {
             (TEX_SG, vec![], Vec::from(t))
