@@ -40,10 +40,12 @@ const REFINE_ROUNDS: u32 = 10u;  // 32 bits, 4 per round: the range is one key b
 fn keys4(base: u32, c: u32, c1: u32, v4: bool) -> vec4<u32> {
     let last = max(P.rows * P.w, 1u) - 1u;  // loads stay in the buffer; the keys are masked
     let n = vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u);
-    var b = vec4<u32>(score_bits(min(base + n.x, last)), score_bits(min(base + n.y, last)),
-                      score_bits(min(base + n.z, last)), score_bits(min(base + n.w, last)));
+    var b = vec4<u32>(0u);
     if (v4) {
         b = scores[min(base + c, last) >> 2u];
+    } else {
+        b = vec4<u32>(score_bits(min(base + n.x, last)), score_bits(min(base + n.y, last)),
+                      score_bits(min(base + n.z, last)), score_bits(min(base + n.w, last)));
     }
     let k = vec4<u32>(key_of(b.x), key_of(b.y), key_of(b.z), key_of(b.w));
     return select(vec4<u32>(0u), k, n < vec4<u32>(c1));
@@ -75,9 +77,7 @@ fn subgroup_sum(v: vec4<u32>, ssz: u32) -> vec4<u32> {
 // Hillis-Steele scan of shuffles within the subgroup, then the totals of the subgroups before
 // it (one store per subgroup). Clears `scol` and sets `kept` and `nsel` as `scan_counts` does.
 fn scan_sg(lid: u32, mine: u32, sub: u32, nsub: u32, sl: u32, ssz: u32) -> u32 {
-    for (var m = lid; m < MAX_K / 2u; m += WG) {
-        atomicStore(&scol[m], 0u);
-    }
+    clear_cols(lid);
     var inc = mine;
     for (var d = 1u; d < ssz; d <<= 1u) {
         let t = subgroupShuffleUp(inc, d);
@@ -223,18 +223,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     // The last threshold with at least k keys at or above it (threshold 0,
                     // lo, always has).
                     var j = 15u;
+                    var at = total_of(s0, s1, j);  // keys at or above threshold j
                     loop {
-                        if (j == 0u || total_of(s0, s1, j) >= P.k) {
+                        if (j == 0u || at >= P.k) {
                             break;
                         }
                         j--;
+                        at = total_of(s0, s1, j);
                     }
                     let t = lo + j * step;
                     thr_lo = t;
                     if (j < 15u) {
                         thr_hi = min(thr_hi, t + step - 1u);
                     }
-                    if (total_of(s0, s1, j) - P.k <= SLACK || thr_lo == thr_hi) {
+                    if (at - P.k <= SLACK || thr_lo == thr_hi) {
                         done = 1u;
                     }
                 }

@@ -284,12 +284,17 @@ fn radix_select(base: u32, lid: u32) {
 // Step 3's exclusive scan of the per-invocation counts `mine` (in place within 16 groups of
 // 16, then over the group totals); clears `scol`; lid 0 stores the total in `kept` and m in
 // `nsel`.
-fn scan_counts(lid: u32, mine: u32) {
-    let lanes16 = select(0u, 16u, lid < 16u);
-    let lane16 = select(0u, 16u, lid == 0u);
+// Zeroes `scol`, into which the compaction ORs its columns.
+fn clear_cols(lid: u32) {
     for (var m = lid; m < MAX_K / 2u; m += WG) {
         atomicStore(&scol[m], 0u);
     }
+}
+
+fn scan_counts(lid: u32, mine: u32) {
+    let lanes16 = select(0u, 16u, lid < 16u);
+    let lane16 = select(0u, 16u, lid == 0u);
+    clear_cols(lid);
     sfx[lid] = mine;
     workgroupBarrier();
     if (lid < 16u) {
