@@ -8,7 +8,10 @@
 // order whatever the invocations' layout in subgroups.
 // 2'. Refinement instead of the radix select. The threshold is a whole key T (columns
 //     ignored) with at least min(k, candidates) keys >= T. Invariant: the k-th best key lies
-//     in [lo, hi] (lo = 1, hi = +inf's key at first). Each round counts, for 16 thresholds
+//     in [lo, hi], at first the row's smallest and largest candidate keys (found by
+//     shuffles and one store per subgroup; [1, +inf's key] when there is no candidate:
+//     starting from all keys' range, round 0 mostly split off 15 empty parts, 32 binades
+//     each). Each round counts, for 16 thresholds
 //     lo + j · step (step = (hi - lo) / 16 + 1), the keys at or above each one: compares in
 //     registers into 16-bit fields, summed over the subgroup by a `subgroupShuffleXor`
 //     butterfly, one store per subgroup, and subgroup 0 sums the subgroups' counts. The last
@@ -16,7 +19,7 @@
 //     stops once the keys >= lo exceed k by at most SLACK (the ranking drops the ranks >= k and
 //     orders ties by column), when the range is one key, or after REFINE_ROUNDS (4 bits per
 //     round: the range is one key by then). With at most k candidates (round 0's count at
-//     threshold 1) every candidate is kept. Every key of such a row fits the ranking
+//     its first threshold, the smallest candidate) every candidate is kept. Every key of such a row fits the ranking
 //     (W <= MAX_K), so any lo the refinement ends with is exact.
 // 3'. The compaction's exclusive scan by `subgroupShuffleUp` within subgroups and one store
 //     per subgroup, not through `sfx` in 16 groups of 16.
@@ -71,6 +74,16 @@ fn subgroup_sum(v: vec4<u32>, ssz: u32) -> vec4<u32> {
         s += subgroupShuffleXor(s, m);
     }
     return s;
+}
+
+// (largest x, smallest y) over the subgroup, in every lane: a butterfly of shuffles.
+fn subgroup_extent(v: vec2<u32>, ssz: u32) -> vec2<u32> {
+    var e = v;
+    for (var m = 1u; m < ssz; m <<= 1u) {
+        let o = subgroupShuffleXor(e, m);
+        e = vec2<u32>(max(e.x, o.x), min(e.y, o.y));
+    }
+    return e;
 }
 
 // The first position of an invocation's `mine` winners in (subgroup, lane) order: a
@@ -183,13 +196,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let c1 = cr.y;
     let ka = keys4(base, c0, c1, cr.z != 0u);
     let kb = keys4(base, c0 + 4u, c1, cr.z != 0u);
-    if (lid == 0u) {
-        thr_lo = 1u;          // lo: the k-th best key is >= lo ...
-        thr_hi = 0xff800000u; // hi: ... and <= hi (the largest key)
-        done = 0u;
-    }
-    // Subgroup 0 sums the subgroups' counts: lane l those of subgroups l, l + ssz, ...
+    // Subgroup 0 sums the subgroups' counts (and extents): lane l those of subgroups l,
+    // l + ssz, ...
     let first = select(nsub, sl, sub == 0u);
+    // The first range: the row's smallest and largest candidate keys. Round 0 then splits the
+    // candidates' own range, not all keys' (whose 16 parts hold 32 binades each).
+    let none = vec4<u32>(0xffffffffu);
+    let big = max(ka, kb);
+    let small = min(select(none, ka, ka != vec4<u32>(0u)), select(none, kb, kb != vec4<u32>(0u)));
+    let ext = subgroup_extent(vec2<u32>(max(max(big.x, big.y), max(big.z, big.w)),
+                                        min(min(small.x, small.y), min(small.z, small.w))), ssz);
+    if (sl == 0u) {
+        skey[sub] = vec4<u32>(ext, 0u, 0u);
+    }
+    workgroupBarrier();
+    if (sub == 0u) {
+        var e = vec2<u32>(0u, 0xffffffffu);
+        for (var g = first; g < nsub; g += ssz) {
+            let x = skey[g].xy;
+            e = vec2<u32>(max(e.x, x.x), min(e.y, x.y));
+        }
+        e = subgroup_extent(e, ssz);
+        if (sl == 0u) {
+            // lo: the k-th best key is >= lo ... and <= hi; with no candidate, [1, +inf's key].
+            thr_lo = select(1u, e.y, e.x != 0u);
+            thr_hi = select(0xff800000u, e.x, e.x != 0u);
+            done = 0u;
+        }
+    }
     for (var round = 0u; round < REFINE_ROUNDS; round++) {
         if (workgroupUniformLoad(&done) != 0u) {
             break;
