@@ -2,37 +2,43 @@
 // the order and steps 1 to 5 are those of `block_topk.wgsl` (shared part in
 // common/block_topk.wgsl), except:
 //
-// Entry `main`, short rows (W <= 2048, as in prefill): each invocation of the row's workgroup
-// of 256 holds its (at most 8) columns' keys in registers; its columns are chunk
-// sub · ssz + lane, the order the scan below gives positions, so position order is column
-// order whatever the invocations' layout in subgroups.
+// Entry `row_sg`, short rows (W <= 2048, as in prefill): one row per workgroup of 8
+// invocations, i.e. per subgroup (the host picks it only where subgroups are exactly 8 lanes).
+// Lane l takes the columns [l · chunk, (l + 1) · chunk) (chunk a multiple of 4, at most 256)
+// and streams them from the scores for each pass (8 KiB a row: the caches hold it). Every sum
+// over the lanes is a `subgroupShuffleXor` butterfly that leaves it in every lane, so every
+// lane takes the same decisions, with no workgroup memory and no barrier until the
+// compaction.
 // 2'. Refinement instead of the radix select. The threshold is a whole key T (columns
 //     ignored) with at least min(k, candidates) keys >= T. Invariant: the k-th best key lies
-//     in [lo, hi], at first the row's smallest and largest candidate keys (found by
-//     shuffles and one store per subgroup; [1, +inf's key] when there is no candidate:
-//     starting from all keys' range, round 0 mostly split off 15 empty parts, 32 binades
-//     each). Each round counts, for 16 thresholds
-//     lo + j · step (step = (hi - lo) / 16 + 1), the keys at or above each one: compares in
-//     registers into 16-bit fields, summed over the subgroup by a `subgroupShuffleXor`
-//     butterfly, one store per subgroup, and subgroup 0 sums the subgroups' counts. The last
-//     threshold with at least k keys at or above it becomes lo, the next one minus one hi. It
-//     stops once the keys >= lo exceed k by at most SLACK (the ranking drops the ranks >= k and
-//     orders ties by column), when the range is one key, or after REFINE_ROUNDS (4 bits per
-//     round: the range is one key by then). With at most k candidates (round 0's count at
-//     its first threshold, the smallest candidate) every candidate is kept. Every key of such a row fits the ranking
-//     (W <= MAX_K), so any lo the refinement ends with is exact.
-// 3'. The compaction's exclusive scan by `subgroupShuffleUp` within subgroups and one store
-//     per subgroup, not through `sfx` in 16 groups of 16.
-// 4'. The ranking (`rank_sg`, also entry `wide_sg` after the wide rows' steps 1 to 3): the
-//     lanes of a subgroup read ssz quads of keys at once and `subgroupShuffle` hands each to
-//     all, where every owner read every quad itself.
+//     in [lo, hi], at first the row's smallest and largest candidate keys ([1, +inf's key]
+//     when there is none; from all keys' range, round 0 mostly split off empty parts of 32
+//     binades each). Each round counts, for 16 thresholds lo + j · step
+//     (step = (hi - lo) / 16 + 1), the keys at or above each one: vector compares into 16-bit
+//     fields, summed over the subgroup. The last threshold with at least k keys at or above it
+//     becomes lo, the next one minus one hi. It stops once the keys >= lo exceed k by at most
+//     SLACK (the ranking drops the ranks >= k and orders ties by column), when the range is one
+//     key, or after REFINE_ROUNDS (4 bits per round: the range is one key by then). With at
+//     most k candidates (round 0's count at its first threshold, the smallest candidate) every
+//     candidate is kept. Every key of such a row fits the ranking (W <= MAX_K), so any lo the
+//     refinement ends with is exact.
+// 3'. Compaction: each lane marks its winners (keys >= lo) in a 256-bit mask; an inclusive
+//     `subgroupShuffleUp` scan of the counts gives each lane its first position, and lanes
+//     hold consecutive columns, so position order is column order.
+// 4'. The ranking (`rank_counts`) by owner blocks of 64 positions, lane l owning 8 of each:
+//     the lanes read 8 quads of keys at once and `subgroupShuffle` hands each to all, where
+//     every owner read every quad itself. Entry `wide_sg` ranks the same way (`rank_sg`: one
+//     block per invocation of 256) after the wide rows' steps 1 to 3.
 //
-// Why (lavapipe, docs/perf.md): a read of workgroup memory at an address that differs by lane,
-// and a `subgroupAdd`, are each a loop over the 8 lanes; a shuffle is one vector permute. The
-// radix select's passes took ~0.53 s of the 8192-row prefill's 0.87 s top-k; with 2' (1.6
-// rounds per row on average) top-k took 0.62 s, with the shuffles of 2', 3' and 4' 0.48 s.
-// The refinement summed through workgroup memory (portable, no subgroups) measured no faster
-// than the radix select (0.85 s), so the portable kernel keeps the radix select.
+// Why (lavapipe, docs/perf.md): llvmpipe runs a workgroup's invocations 8 at a time on one
+// thread, switching between them at every barrier; a read of workgroup memory at an address
+// that differs by lane, and a `subgroupAdd`, are each a loop over the 8 lanes; a shuffle is
+// one vector permute. Prefill-8k top-k: 0.87 s with the radix select (its passes ~0.53 s);
+// 0.48 s with the refinement, scan and ranking above in workgroups of 256 (the counts summed
+// through one store per subgroup and barriers); ~0.46 s starting from the row's own range;
+// 0.25 s with one row per subgroup (the ranking ~0.13 s of it). The refinement summed
+// through workgroup memory (portable, no subgroups) measured no faster than the radix select
+// (0.85 s), so the portable kernel keeps the radix select.
 
 //#include common/block_topk.wgsl
 
@@ -86,42 +92,21 @@ fn subgroup_extent(v: vec2<u32>, ssz: u32) -> vec2<u32> {
     return e;
 }
 
-// The first position of an invocation's `mine` winners in (subgroup, lane) order: a
-// Hillis-Steele scan of shuffles within the subgroup, then the totals of the subgroups before
-// it (one store per subgroup). Clears `scol` and sets `kept` and `nsel` as `scan_counts` does.
-fn scan_sg(lid: u32, mine: u32, sub: u32, nsub: u32, sl: u32, ssz: u32) -> u32 {
-    clear_cols(lid);
-    var inc = mine;
-    for (var d = 1u; d < ssz; d <<= 1u) {
-        let t = subgroupShuffleUp(inc, d);
-        inc += select(0u, t, sl >= d);
-    }
-    if (sl == ssz - 1u) {
-        sfx[sub] = inc;  // the subgroup's total
-    }
-    workgroupBarrier();
-    var before = vec4<u32>(0u);  // x: totals of the subgroups before this one; y: all
-    for (var g = sl; g < nsub; g += ssz) {
-        let t = sfx[g];
-        before += vec4<u32>(select(0u, t, g < sub), t, 0u, 0u);
-    }
-    before = subgroup_sum(before, ssz);
-    if (lid == 0u) {
-        kept = before.y;
-        nsel = min(before.y, MAX_K);
-    }
-    workgroupBarrier();
-    return before.x + inc - mine;
-}
-
-// Step 4 with the keys handed on by shuffles: where every owner read every quad of `skey`
-// (one loop over the lanes per read on llvmpipe), the lanes of a subgroup read ssz quads at
-// once, one each, and `subgroupShuffle` gives each to all. Quads before every owner's in the
-// subgroup count equal keys (ge), quads after all of them only larger ones (gt); the few
-// between, which hold the owners' own quads, each lane reads itself and compares as
-// `rank_write` does. The same counts as `rank_write`, so the same ranks.
+// Steps 4 and 5 of entry `wide_sg`: invocation lid owns positions 8 lid .. 8 lid + 7.
 fn rank_sg(id: u32, lid: u32, sl: u32, ssz: u32) {
     let m = rank_begin(lid);
+    let r = rank_counts(lid, sl, ssz, m);
+    rank_end(id, lid, m, r[0], r[1]);
+}
+
+// Step 4 with the keys handed on by shuffles: the ranks (ra, rb) of the entries at positions
+// 8 lid .. 8 lid + 7 among the m of `skey` (padded to whole quads). Where every owner read
+// every quad of `skey` (one loop over the lanes per read on llvmpipe), the lanes of a subgroup
+// read ssz quads at once, one each, and `subgroupShuffle` gives each to all. Quads before
+// every owner's in the subgroup count equal keys (ge), quads after all of them only larger
+// ones (gt); the few between, which hold the owners' own quads, each lane reads itself and
+// compares as `rank_write` does. The same counts as `rank_write`, so the same ranks.
+fn rank_counts(lid: u32, sl: u32, ssz: u32, m: u32) -> array<vec4<u32>, 2> {
     let p0 = 8u * lid;
     let own = p0 < m;
     let nq = (m + 3u) >> 2u;
@@ -164,11 +149,7 @@ fn rank_sg(id: u32, lid: u32, sl: u32, ssz: u32) {
             rb += gt4(v, kb);
         }
     }
-    rank_end(id, lid, m, ra, rb);
-}
-
-fn hsum(v: vec4<u32>) -> u32 {
-    return v.x + v.y + v.z + v.w;
+    return array<vec4<u32>, 2>(ra, rb);
 }
 
 // Count j (0 ..= 15) of the totals: lane c of p0 holds thresholds c and c + 4, of p1 c + 8 and
@@ -176,126 +157,6 @@ fn hsum(v: vec4<u32>) -> u32 {
 fn total_of(p0: vec4<u32>, p1: vec4<u32>, j: u32) -> u32 {
     let w = select(p0[j & 3u], p1[j & 3u], j >= 8u);
     return (w >> (16u * ((j >> 2u) & 1u))) & 0xffffu;
-}
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sub: u32,
-          @builtin(num_subgroups) nsub: u32, @builtin(subgroup_invocation_id) sl: u32,
-          @builtin(subgroup_size) ssz: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    if (id >= P.rows) {
-        return;
-    }
-    let base = id * P.w;
-    // Columns go by (subgroup, lane), the order of the positions `scan_sg` gives them, so that
-    // position order is column order whatever the invocations' layout in subgroups.
-    let v = sub * ssz + sl;
-    let cr = chunk_of(v);
-    let c0 = cr.x;
-    let c1 = cr.y;
-    let ka = keys4(base, c0, c1, cr.z != 0u);
-    let kb = keys4(base, c0 + 4u, c1, cr.z != 0u);
-    // Subgroup 0 sums the subgroups' counts (and extents): lane l those of subgroups l,
-    // l + ssz, ...
-    let first = select(nsub, sl, sub == 0u);
-    // The first range: the row's smallest and largest candidate keys. Round 0 then splits the
-    // candidates' own range, not all keys' (whose 16 parts hold 32 binades each).
-    let none = vec4<u32>(0xffffffffu);
-    let big = max(ka, kb);
-    let small = min(select(none, ka, ka != vec4<u32>(0u)), select(none, kb, kb != vec4<u32>(0u)));
-    let ext = subgroup_extent(vec2<u32>(max(max(big.x, big.y), max(big.z, big.w)),
-                                        min(min(small.x, small.y), min(small.z, small.w))), ssz);
-    if (sl == 0u) {
-        skey[sub] = vec4<u32>(ext, 0u, 0u);
-    }
-    workgroupBarrier();
-    if (sub == 0u) {
-        var e = vec2<u32>(0u, 0xffffffffu);
-        for (var g = first; g < nsub; g += ssz) {
-            let x = skey[g].xy;
-            e = vec2<u32>(max(e.x, x.x), min(e.y, x.y));
-        }
-        e = subgroup_extent(e, ssz);
-        if (sl == 0u) {
-            // lo: the k-th best key is >= lo ... and <= hi; with no candidate, [1, +inf's key].
-            thr_lo = select(1u, e.y, e.x != 0u);
-            thr_hi = select(0xff800000u, e.x, e.x != 0u);
-            done = 0u;
-        }
-    }
-    for (var round = 0u; round < REFINE_ROUNDS; round++) {
-        if (workgroupUniformLoad(&done) != 0u) {
-            break;
-        }
-        let lo = thr_lo;
-        let step = (thr_hi - lo) / 16u + 1u;
-        let t0 = vec4<u32>(lo) + vec4<u32>(0u, 1u, 2u, 3u) * step;
-        let t1 = t0 + vec4<u32>(4u * step);
-        let t2 = t1 + vec4<u32>(4u * step);
-        let t3 = t2 + vec4<u32>(4u * step);
-        let p0 = subgroup_sum(count2(ka, t0, t1) + count2(kb, t0, t1), ssz);
-        let p1 = subgroup_sum(count2(ka, t2, t3) + count2(kb, t2, t3), ssz);
-        if (sl == 0u) {
-            skey[2u * sub] = p0;
-            skey[2u * sub + 1u] = p1;
-        }
-        workgroupBarrier();
-        var q0 = vec4<u32>(0u);
-        var q1 = vec4<u32>(0u);
-        for (var g = first; g < nsub; g += ssz) {
-            q0 += skey[2u * g];
-            q1 += skey[2u * g + 1u];
-        }
-        if (sub == 0u) {
-            let s0 = subgroup_sum(q0, ssz);  // at most W <= 2048 per field
-            let s1 = subgroup_sum(q1, ssz);
-            if (sl == 0u) {
-                if (round == 0u && total_of(s0, s1, 0u) <= P.k) {
-                    done = 1u;  // at most k candidates (keys >= 1): all are kept
-                } else {
-                    // The last threshold with at least k keys at or above it (threshold 0,
-                    // lo, always has).
-                    var j = 15u;
-                    var at = total_of(s0, s1, j);  // keys at or above threshold j
-                    loop {
-                        if (j == 0u || at >= P.k) {
-                            break;
-                        }
-                        j--;
-                        at = total_of(s0, s1, j);
-                    }
-                    let t = lo + j * step;
-                    thr_lo = t;
-                    if (j < 15u) {
-                        thr_hi = min(thr_hi, t + step - 1u);
-                    }
-                    if (at - P.k <= SLACK || thr_lo == thr_hi) {
-                        done = 1u;
-                    }
-                }
-            }
-        }
-    }
-    // T = lo: at least min(k, candidates) keys are >= T, and at most W <= MAX_K.
-    let th = workgroupUniformLoad(&thr_lo);
-    let zero = vec4<u32>(0u);
-    let one = vec4<u32>(1u);
-    let sa = select(zero, one, ka >= vec4<u32>(th));
-    let sb = select(zero, one, kb >= vec4<u32>(th));
-    let mine = hsum(sa + sb);
-    var pos = scan_sg(lid, mine, sub, nsub, sl, ssz);
-    for (var u = 0u; u < select(0u, 8u, mine != 0u); u++) {
-        var x = ka[u & 3u];
-        if (u >= 4u) {
-            x = kb[u & 3u];
-        }
-        if (x >= th) {
-            put_entry(pos, x, c0 + u);
-            pos += 1u;
-        }
-    }
-    rank_sg(id, lid, sl, ssz);
 }
 
 // Wide rows (`wide` of block_topk.wgsl, decode over a long context) with the subgroup ranking.
@@ -309,4 +170,115 @@ fn wide_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     wide_select(id, lid);
     rank_sg(id, lid, sl, ssz);
+}
+
+// Short rows, one row per subgroup: steps 1 to 5 as described at the top (2', 3', 4').
+const RL: u32 = 8u;  // invocations of row_sg's workgroup
+
+@compute @workgroup_size(8)
+fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_size) ssz: u32) {
+    let id = wg.y * nwg.x + wg.x;
+    if (id >= P.rows) {
+        return;
+    }
+    let base = id * P.w;
+    let v4 = (P.w & 3u) == 0u;
+    let chunk = ((P.w + 4u * RL - 1u) / (4u * RL)) * 4u;
+    let c0 = min(sl * chunk, P.w);
+    let c1 = min(c0 + chunk, P.w);
+    // The first range: the row's smallest and largest candidate keys.
+    let none = vec4<u32>(0xffffffffu);
+    var big = vec4<u32>(0u);
+    var small = none;
+    for (var c = c0; c < c1; c += 4u) {
+        let x = keys4(base, c, c1, v4);
+        big = max(big, x);
+        small = min(small, select(none, x, x != vec4<u32>(0u)));
+    }
+    let e = subgroup_extent(vec2<u32>(max(max(big.x, big.y), max(big.z, big.w)),
+                                      min(min(small.x, small.y), min(small.z, small.w))), ssz);
+    var lo = select(1u, e.y, e.x != 0u);
+    var hi = select(0xff800000u, e.x, e.x != 0u);
+    for (var round = 0u; round < REFINE_ROUNDS; round++) {
+        let step = (hi - lo) / 16u + 1u;
+        let t0 = vec4<u32>(lo) + vec4<u32>(0u, 1u, 2u, 3u) * step;
+        let t1 = t0 + vec4<u32>(4u * step);
+        let t2 = t1 + vec4<u32>(4u * step);
+        let t3 = t2 + vec4<u32>(4u * step);
+        var p0 = vec4<u32>(0u);
+        var p1 = vec4<u32>(0u);
+        for (var c = c0; c < c1; c += 4u) {
+            let x = keys4(base, c, c1, v4);
+            p0 += count2(x, t0, t1);
+            p1 += count2(x, t2, t3);
+        }
+        let s0 = subgroup_sum(p0, ssz);  // at most W <= 2048 per field
+        let s1 = subgroup_sum(p1, ssz);
+        if (round == 0u && total_of(s0, s1, 0u) <= P.k) {
+            break;  // at most k candidates: all are kept
+        }
+        var j = 15u;
+        var at = total_of(s0, s1, j);
+        loop {
+            if (j == 0u || at >= P.k) {
+                break;
+            }
+            j--;
+            at = total_of(s0, s1, j);
+        }
+        let t = lo + j * step;
+        lo = t;
+        if (j < 15u) {
+            hi = min(hi, t + step - 1u);
+        }
+        if (at - P.k <= SLACK || lo == hi) {
+            break;
+        }
+    }
+    // Compaction: the winners (keys >= lo) of the lane's columns as bits, their count, the
+    // first position by an inclusive shuffle scan.
+    var ma = vec4<u32>(0u);
+    var mb = vec4<u32>(0u);
+    let th = vec4<u32>(lo);
+    for (var c = c0; c < c1; c += 4u) {
+        let x = keys4(base, c, c1, v4);
+        let b = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), x >= th);
+        set_bits(&ma, &mb, c - c0, b.x | b.y | b.z | b.w);
+    }
+    let pc = countOneBits(ma) + countOneBits(mb);
+    let mine = pc.x + pc.y + pc.z + pc.w;
+    var inc = mine;
+    for (var d = 1u; d < ssz; d <<= 1u) {
+        let t = subgroupShuffleUp(inc, d);
+        inc += select(0u, t, sl >= d);
+    }
+    let m = subgroupShuffle(inc, ssz - 1u);  // <= W <= MAX_K
+    for (var i = sl; i < (m + 1u) / 2u; i += RL) {
+        atomicStore(&scol[i], 0u);
+    }
+    if (sl == 0u) {
+        nsel = m;
+    }
+    workgroupBarrier();
+    var pos = inc - mine;
+    let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
+    for (var wi = 0u; wi < words; wi++) {
+        var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
+        loop {
+            if (bits == 0u) {
+                break;
+            }
+            let c = c0 + 32u * wi + firstTrailingBit(bits);
+            bits &= bits - 1u;
+            put_entry(pos, key_of(score_bits(base + c)), c);
+            pos += 1u;
+        }
+    }
+    let n = rank_begin(sl);
+    for (var ob = 0u; ob < (n + 8u * RL - 1u) / (8u * RL); ob++) {
+        let r = rank_counts(RL * ob + sl, sl, ssz, n);
+        rank_place(id, RL * ob + sl, n, r[0], r[1]);
+    }
+    rank_tail(id, sl, n, RL);
 }

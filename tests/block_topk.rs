@@ -381,9 +381,9 @@ fn all_tied_rows_keep_column_order() {
 /// rows (W <= 2048) and wide ones; rows between take the portable `main` everywhere.
 #[test]
 fn kernel_choice() {
-    assert_eq!(pipeline(2048, 512, Some(8)), (SHADER_SG, "main"));
-    assert_eq!(pipeline(1, 1, Some(8)), (SHADER_SG, "main"));
-    assert_eq!(pipeline(2048, 128, Some(8)), (SHADER_SG, "main"));
+    assert_eq!(pipeline(2048, 512, Some(8)), (SHADER_SG, "row_sg"));
+    assert_eq!(pipeline(1, 1, Some(8)), (SHADER_SG, "row_sg"));
+    assert_eq!(pipeline(2048, 128, Some(8)), (SHADER_SG, "row_sg"));
     assert_eq!(pipeline(2049, 512, Some(8)), (OP, "main"));
     assert_eq!(pipeline(2048, 512, None), (OP, "main"));
     assert_eq!(pipeline(2048, 512, Some(32)), (OP, "main"));

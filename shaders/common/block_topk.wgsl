@@ -335,6 +335,13 @@ fn rank_begin(lid: u32) -> u32 {
 // Step 4's end and step 5: the owner of positions p0 = 8 lid .. p0 + 7 writes the column of
 // each one whose rank (ra, rb) is below n = min(k, m); padding; the count.
 fn rank_end(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
+    rank_place(id, lid, m, ra, rb);
+    rank_tail(id, lid, m, WG);
+}
+
+// Step 5's columns: the owner of positions p0 = 8 lid .. p0 + 7 writes the column of each one
+// whose rank (ra, rb) is below n = min(k, m).
+fn rank_place(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
     let n = min(m, P.k);  // the winners: min(k, candidates)
     let p0 = 8u * lid;
     let row = (P.out_base + id) * P.k;
@@ -351,7 +358,13 @@ fn rank_end(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
             }
         }
     }
-    for (var s = n + lid; s < P.k; s += WG) {
+}
+
+// Step 5's padding and count, by `lanes` invocations (lid < lanes).
+fn rank_tail(id: u32, lid: u32, m: u32, lanes: u32) {
+    let n = min(m, P.k);
+    let row = (P.out_base + id) * P.k;
+    for (var s = n + lid; s < P.k; s += lanes) {
         block_indices[row + s] = -1;
     }
     if (lid == 0u) {

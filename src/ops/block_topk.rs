@@ -23,24 +23,26 @@ pub fn wide(w: u32, k: u32) -> bool {
     w >= 16 * k && w >= 2048 && k <= 512
 }
 
-/// The subgroup variants (`block_topk_sg.wgsl`): entry `main` for short rows, `wide_sg` for
+/// The subgroup variants (`block_topk_sg.wgsl`): entry `row_sg` for short rows, `wide_sg` for
 /// wide ones.
 pub const SHADER_SG: &str = "block_topk_sg";
 
-/// Rows at most this wide are short: each invocation of the row's workgroup of 256 holds at
-/// most 8 of its keys in registers.
+/// Rows at most this wide are short: `row_sg` takes each in one subgroup of 8 lanes (at most
+/// 256 columns per lane) and every winner fits the ranking's `MAX_K` slots.
 pub const SHORT_W: u32 = 2048;
 
 /// The shader and entry point for rows of width `w` and `k` slots on an adapter with
 /// `subgroup_size`. Where subgroups are 8 lanes (the size the variants are tested at,
-/// lavapipe's), short rows find the threshold by counting in registers instead of the radix
-/// select's workgroup histograms, and every row but the middle-width ones ranks its winners
-/// with keys handed on by shuffles; wide rows take the sampled threshold (`wide`, `wide_sg`);
-/// the rest `main`.
+/// lavapipe's), a short row runs in one subgroup (`row_sg`: a workgroup of 8), which finds
+/// the threshold by counting instead of the radix select's workgroup histograms, and short
+/// and wide rows rank their winners with keys handed on by shuffles; wide rows take the
+/// sampled threshold (`wide`, `wide_sg`); the rest `main`. One subgroup per row suits many
+/// rows (prefill); a GPU with 8-lane subgroups and a few short rows would leave most of
+/// itself idle, but stays exact.
 pub fn pipeline(w: u32, k: u32, subgroup_size: Option<u32>) -> (&'static str, &'static str) {
     let sg = subgroup_size == Some(8);
     if w <= SHORT_W && sg {
-        (SHADER_SG, "main")
+        (SHADER_SG, "row_sg")
     } else if wide(w, k) && sg {
         (SHADER_SG, "wide_sg")
     } else if wide(w, k) {
