@@ -4,8 +4,8 @@
 //
 // Entry `row_sg`, short rows (W <= 2048, as in prefill): one row per workgroup of 8
 // invocations, i.e. per subgroup (the host picks it only where subgroups are exactly 8 lanes).
-// Lane l takes the columns [l · chunk, (l + 1) · chunk) (chunk a multiple of 4, at most 256)
-// and streams them from the scores for each pass (8 KiB a row: the caches hold it). Every sum
+// Lane l takes the columns [l · chunk, (l + 1) · chunk) (chunk a multiple of 4, at most 256),
+// loads their keys once into a private array and reads that in every later pass. Every sum
 // over the lanes is a `subgroupShuffleXor` butterfly that leaves it in every lane, so every
 // lane takes the same decisions, with no workgroup memory and no barrier until the
 // compaction.
@@ -22,13 +22,20 @@
 //     most k candidates (round 0's count at its first threshold, the smallest candidate) every
 //     candidate is kept. Every key of such a row fits the ranking (W <= MAX_K), so any lo the
 //     refinement ends with is exact.
-// 3'. Compaction: each lane marks its winners (keys >= lo) in a 256-bit mask; an inclusive
-//     `subgroupShuffleUp` scan of the counts gives each lane its first position, and lanes
-//     hold consecutive columns, so position order is column order.
-// 4'. The ranking (`rank_counts`) by owner blocks of 64 positions, lane l owning 8 of each:
-//     the lanes read 8 quads of keys at once and `subgroupShuffle` hands each to all, where
-//     every owner read every quad itself. Entry `wide_sg` ranks the same way (`rank_sg`: one
-//     block per invocation of 256) after the wide rows' steps 1 to 3.
+// 3'. Compaction by buckets: the winners' range [lo, top] is cut into 16 buckets
+//     [u_j, u_{j+1}), u_j = lo + j · bstep; one counting pass (as a round's) gives each lane
+//     its keys at or above each u_j, and `subgroupShuffleUp` scans of those give the lanes
+//     before it and the totals. Entries go bucket by bucket from the top one, and within a
+//     bucket in column order (lanes hold consecutive columns): an entry's position is its
+//     bucket's start, plus that bucket's entries in the lanes before, plus the lane's entries
+//     of the bucket placed so far.
+// 4'. The ranking (`rank_counts`) by owner blocks of 64 positions, lane l owning 8 of each.
+//     Every entry of a bucket above a block's buckets comes before each of its entries and
+//     none below does, so a block compares only the quads of its own buckets (from the quad
+//     of its first bucket's start to that of its last one's end) and adds the entries before
+//     them, instead of comparing against every winner. The lanes read 8 quads of keys at once and `subgroupShuffle` hands each to all, where every owner read
+//     every quad itself. Entry `wide_sg` ranks the same way (`rank_sg`: one block per
+//     invocation of 256, all quads) after the wide rows' steps 1 to 3.
 //
 // Why (lavapipe, docs/perf.md): llvmpipe runs a workgroup's invocations 8 at a time on one
 // thread, switching between them at every barrier; a read of workgroup memory at an address
@@ -36,7 +43,8 @@
 // one vector permute. Prefill-8k top-k: 0.87 s with the radix select (its passes ~0.53 s);
 // 0.48 s with the refinement, scan and ranking above in workgroups of 256 (the counts summed
 // through one store per subgroup and barriers); ~0.46 s starting from the row's own range;
-// 0.25 s with one row per subgroup (the ranking ~0.13 s of it). The refinement summed
+// 0.25 s with one row per subgroup (the ranking ~0.13 s of it); 0.19 s with the buckets
+// (ranking ~0.06 s); ~0.16 s with the keys in a private array. The refinement summed
 // through workgroup memory (portable, no subgroups) measured no faster than the radix select
 // (0.85 s), so the portable kernel keeps the radix select.
 
@@ -95,7 +103,7 @@ fn subgroup_extent(v: vec2<u32>, ssz: u32) -> vec2<u32> {
 // Steps 4 and 5 of entry `wide_sg`: invocation lid owns positions 8 lid .. 8 lid + 7.
 fn rank_sg(id: u32, lid: u32, sl: u32, ssz: u32) {
     let m = rank_begin(lid);
-    let r = rank_counts(lid, sl, ssz, m);
+    let r = rank_counts(lid, sl, ssz, m, vec2<u32>(0u, (m + 3u) >> 2u));
     rank_end(id, lid, m, r[0], r[1]);
 }
 
@@ -106,23 +114,24 @@ fn rank_sg(id: u32, lid: u32, sl: u32, ssz: u32) {
 // every owner's in the subgroup count equal keys (ge), quads after all of them only larger
 // ones (gt); the few between, which hold the owners' own quads, each lane reads itself and
 // compares as `rank_write` does. The same counts as `rank_write`, so the same ranks.
-fn rank_counts(lid: u32, sl: u32, ssz: u32, m: u32) -> array<vec4<u32>, 2> {
+fn rank_counts(lid: u32, sl: u32, ssz: u32, m: u32, span: vec2<u32>) -> array<vec4<u32>, 2> {
     let p0 = 8u * lid;
     let own = p0 < m;
-    let nq = (m + 3u) >> 2u;
+    let q0 = span.x;  // every entry before quad q0 comes before the owned ones ...
+    let nq = span.y;  // ... and none from quad nq on
     let ka = skey[min(p0 >> 2u, MAX_K / 4u - 1u)];
     let kb = skey[min((p0 >> 2u) + 1u, MAX_K / 4u - 1u)];
     let pa = vec4<u32>(p0, p0 + 1u, p0 + 2u, p0 + 3u);
     let pb = pa + vec4<u32>(4u);
-    let qo = min(p0 >> 2u, nq);
-    // The subgroup's quads before every owner's [0, qa) and after them all [qb, nq); nothing
+    let qo = clamp(p0 >> 2u, q0, nq);
+    // The subgroup's quads before every owner's [q0, qa) and after them all [qb, nq); nothing
     // for a subgroup without owners.
     let qa = subgroupMin(select(nq, qo, own));
     let qb = min(subgroupMax(select(0u, qo + 2u, own)), nq);
-    let any_own = qb > 0u;
-    var ra = vec4<u32>(0u);
-    var rb = vec4<u32>(0u);
-    for (var b = 0u; b < select(0u, qa, any_own); b += ssz) {
+    let any_own = subgroupAny(own);
+    var ra = vec4<u32>(4u * q0);
+    var rb = vec4<u32>(4u * q0);
+    for (var b = q0; b < select(q0, qa, any_own); b += ssz) {
         let mine = skey[min(b + sl, qa - 1u)];
         for (var i = 0u; i < min(ssz, qa - b); i++) {
             let v = subgroupShuffle(mine, i);
@@ -173,6 +182,34 @@ fn wide_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 // Short rows, one row per subgroup: steps 1 to 5 as described at the top (2', 3', 4').
+// The bucket (0 ..= 15) of a key x >= u_0: how many of u_1 .. u_15 it reaches.
+fn bucket_of(x: u32, u0: vec4<u32>, u1: vec4<u32>, u2: vec4<u32>, u3: vec4<u32>) -> u32 {
+    let zero = vec4<u32>(0u);
+    let one = vec4<u32>(1u);
+    let v = vec4<u32>(x);
+    let c = select(zero, one, v >= u0) + select(zero, one, v >= u1) + select(zero, one, v >= u2)
+        + select(zero, one, v >= u3);
+    return c.x + c.y + c.z + c.w - 1u;
+}
+
+// The bucket of position p < m, given the counts at or above each u_j (16-bit fields, as
+// total_of reads them): bucket j holds positions [T_{j+1}, T_j), so it is how many of
+// T_1 .. T_15 exceed p.
+fn position_bucket(ta: vec4<u32>, tb: vec4<u32>, p: u32) -> u32 {
+    let zero = vec4<u32>(0u);
+    let one = vec4<u32>(1u);
+    let v = vec4<u32>(p);
+    let low = vec4<u32>(0xffffu);
+    let c = select(zero, one, (ta & low) > v) + select(zero, one, (ta >> vec4<u32>(16u)) > v)
+        + select(zero, one, (tb & low) > v) + select(zero, one, (tb >> vec4<u32>(16u)) > v);
+    return c.x + c.y + c.z + c.w - 1u;  // T_0 = m > p
+}
+
+// The first position of bucket j: the entries of the buckets above it.
+fn bucket_start(ta: vec4<u32>, tb: vec4<u32>, j: u32) -> u32 {
+    return select(0u, total_of(ta, tb, j + 1u), j < 15u);
+}
+
 const RL: u32 = 8u;  // invocations of row_sg's workgroup
 
 @compute @workgroup_size(8)
@@ -191,8 +228,10 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let none = vec4<u32>(0xffffffffu);
     var big = vec4<u32>(0u);
     var small = none;
+    var kv = array<vec4<u32>, 64>();  // the lane's keys (at most 256)
     for (var c = c0; c < c1; c += 4u) {
         let x = keys4(base, c, c1, v4);
+        kv[(c - c0) >> 2u] = x;
         big = max(big, x);
         small = min(small, select(none, x, x != vec4<u32>(0u)));
     }
@@ -209,7 +248,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         var p0 = vec4<u32>(0u);
         var p1 = vec4<u32>(0u);
         for (var c = c0; c < c1; c += 4u) {
-            let x = keys4(base, c, c1, v4);
+            let x = kv[(c - c0) >> 2u];
             p0 += count2(x, t0, t1);
             p1 += count2(x, t2, t3);
         }
@@ -236,24 +275,41 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             break;
         }
     }
-    // Compaction: the winners (keys >= lo) of the lane's columns as bits, their count, the
-    // first position by an inclusive shuffle scan.
+    // Compaction into 16 buckets of the winners' range [lo, top]: bucket j holds the keys in
+    // [u_j, u_{j+1}) (u_j = lo + j · bstep), and the entries go bucket by bucket from the top
+    // one, in column order within each (lanes hold consecutive columns). Counts at or above
+    // each u_j, per lane (q) and over the lanes before it (ex) and all (all), in 16-bit fields.
+    let top = max(e.x, lo);
+    let bstep = (top - lo) / 16u + 1u;
+    let u0 = vec4<u32>(lo) + vec4<u32>(0u, 1u, 2u, 3u) * bstep;
+    let u1 = u0 + vec4<u32>(4u * bstep);
+    let u2 = u1 + vec4<u32>(4u * bstep);
+    let u3 = u2 + vec4<u32>(4u * bstep);
     var ma = vec4<u32>(0u);
     var mb = vec4<u32>(0u);
-    let th = vec4<u32>(lo);
+    var qa = vec4<u32>(0u);
+    var qb = vec4<u32>(0u);
     for (var c = c0; c < c1; c += 4u) {
-        let x = keys4(base, c, c1, v4);
-        let b = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), x >= th);
+        let x = kv[(c - c0) >> 2u];
+        let b = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), x >= u0.xxxx);
         set_bits(&ma, &mb, c - c0, b.x | b.y | b.z | b.w);
+        qa += count2(x, u0, u1);
+        qb += count2(x, u2, u3);
     }
-    let pc = countOneBits(ma) + countOneBits(mb);
-    let mine = pc.x + pc.y + pc.z + pc.w;
-    var inc = mine;
+    var ia = qa;
+    var ib = qb;
     for (var d = 1u; d < ssz; d <<= 1u) {
-        let t = subgroupShuffleUp(inc, d);
-        inc += select(0u, t, sl >= d);
+        let ta = subgroupShuffleUp(ia, d);
+        let tb = subgroupShuffleUp(ib, d);
+        ia += select(vec4<u32>(0u), ta, sl >= d);
+        ib += select(vec4<u32>(0u), tb, sl >= d);
     }
-    let m = subgroupShuffle(inc, ssz - 1u);  // <= W <= MAX_K
+    let alla = subgroupShuffle(ia, ssz - 1u);
+    let allb = subgroupShuffle(ib, ssz - 1u);
+    let exa = ia - qa;
+    let exb = ib - qb;
+    let mine = total_of(qa, qb, 0u);
+    let m = total_of(alla, allb, 0u);  // <= W <= MAX_K
     for (var i = sl; i < (m + 1u) / 2u; i += RL) {
         atomicStore(&scol[i], 0u);
     }
@@ -261,7 +317,8 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         nsel = m;
     }
     workgroupBarrier();
-    var pos = inc - mine;
+    var ra = vec4<u32>(0u);  // the lane's entries placed so far, per bucket
+    var rb = vec4<u32>(0u);
     let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
     for (var wi = 0u; wi < words; wi++) {
         var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
@@ -271,13 +328,27 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             }
             let c = c0 + 32u * wi + firstTrailingBit(bits);
             bits &= bits - 1u;
-            put_entry(pos, key_of(score_bits(base + c)), c);
-            pos += 1u;
+            let x = kv[(c - c0) >> 2u][(c - c0) & 3u];
+            let j = bucket_of(x, u0, u1, u2, u3);
+            // Entries of the buckets above, of this bucket in the lanes before, and placed.
+            let ex = total_of(exa, exb, j) - bucket_start(exa, exb, j);
+            put_entry(bucket_start(alla, allb, j) + ex + total_of(ra, rb, j), x, c);
+            let one = select(vec4<u32>(0u), vec4<u32>(1u << (16u * ((j >> 2u) & 1u))),
+                             vec4<u32>(j & 3u) == vec4<u32>(0u, 1u, 2u, 3u));
+            ra += select(vec4<u32>(0u), one, j < 8u);
+            rb += select(one, vec4<u32>(0u), j < 8u);
         }
     }
     let n = rank_begin(sl);
+    let nq = (n + 3u) >> 2u;
+    // Each owner block of 64 positions compares only the quads of its buckets: entries in the
+    // buckets above come before every one of its own, those below after.
     for (var ob = 0u; ob < (n + 8u * RL - 1u) / (8u * RL); ob++) {
-        let r = rank_counts(RL * ob + sl, sl, ssz, n);
+        let first = 8u * RL * ob;
+        let last = min(first + 8u * RL, n) - 1u;
+        let start = bucket_start(alla, allb, position_bucket(alla, allb, first));
+        let end = total_of(alla, allb, position_bucket(alla, allb, last));
+        let r = rank_counts(RL * ob + sl, sl, ssz, n, vec2<u32>(start >> 2u, min((end + 3u) >> 2u, nq)));
         rank_place(id, RL * ob + sl, n, r[0], r[1]);
     }
     rank_tail(id, sl, n, RL);
