@@ -52,6 +52,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/qsa_prepare_query.wgsl"),
     ),
     (
+        "qsa_prepare_query_vec.wgsl",
+        include_str!("../shaders/qsa_prepare_query_vec.wgsl"),
+    ),
+    (
         "block_topk.wgsl",
         include_str!("../shaders/block_topk.wgsl"),
     ),

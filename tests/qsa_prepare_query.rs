@@ -3,7 +3,10 @@
 
 mod util;
 
-use qsa_wgpu::ops::qsa_prepare_query::{cpu, gpu, QsaPrepareQueryAttrs, QsaPrepareQueryInputs};
+use qsa_wgpu::ops::qsa_prepare_query::{
+    cpu, gpu, gpu_with, shader, QsaPrepareQueryAttrs, QsaPrepareQueryInputs, QsaPrepareQueryParams,
+    OP, SHADER_VEC,
+};
 use qsa_wgpu::testing::{compare, transform_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
 
@@ -106,4 +109,73 @@ fn norm_and_rope_by_hand() {
             want[i]
         );
     }
+}
+
+/// The word kernel gives the element kernel's values bit for bit, every type, rope source and
+/// norm setting, on shapes it takes; and it takes exactly the shapes of whole words.
+#[test]
+fn word_kernel_matches_element_kernel() {
+    let ctx = util::ctx();
+    let mut rng = Rng::new(11);
+    let mut cases = 0;
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for (di, dr) in [(128, 64), (48, 16), (32, 0)] {
+            for rope in 0..3 {
+                for norm in [false, true] {
+                    let (t, hi, rows) = (37, 3, 50);
+                    let dr = if rope == 0 { 0 } else { dr.max(16) };
+                    let q = rng.tensor(dt, &[t, hi, di]);
+                    let w = norm.then(|| rng.tensor(dt, &[di]));
+                    let cos = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
+                    let sin = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
+                    let freqs = (rope == 2).then(|| rng.tensor(dt, &[rows, dr]));
+                    let pos = (rope == 2).then(|| {
+                        let p: Vec<i32> = (0..t).map(|_| rng.below(rows) as i32).collect();
+                        Tensor::from_i32(&[t], &p)
+                    });
+                    let x = QsaPrepareQueryInputs {
+                        index_query_raw: &q,
+                        q_norm_weight: w.as_ref(),
+                        rope_cos: cos.as_ref(),
+                        rope_sin: sin.as_ref(),
+                        freqs_cis: freqs.as_ref(),
+                        positions: pos.as_ref(),
+                    };
+                    let a = QsaPrepareQueryAttrs {
+                        epsilon: 1e-6,
+                        norm_weight_offset: rng.below(2) as f32,
+                        rotary_dim: None,
+                    };
+                    let prm = QsaPrepareQueryParams {
+                        di: di as u32,
+                        dr: dr as u32,
+                        rope_mode: rope,
+                        ..Default::default()
+                    };
+                    assert_eq!(shader(dt, &prm), SHADER_VEC, "{dt} di={di} dr={dr}");
+                    let word = pollster::block_on(gpu_with(&ctx, &x, &a, false)).unwrap();
+                    let elem = pollster::block_on(gpu_with(&ctx, &x, &a, true)).unwrap();
+                    assert_eq!(
+                        word.data, elem.data,
+                        "{dt} di={di} dr={dr} rope={rope} norm={norm}"
+                    );
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 54);
+    // Shapes that are not whole words take the element kernel.
+    let p = |di, dr, rope_mode| QsaPrepareQueryParams {
+        di,
+        dr,
+        rope_mode,
+        ..Default::default()
+    };
+    assert_eq!(shader(DType::F32, &p(36, 0, 0)), SHADER_VEC);
+    assert_eq!(shader(DType::BF16, &p(36, 0, 0)), OP);
+    assert_eq!(shader(DType::F32, &p(128, 20, 2)), OP);
+    assert_eq!(shader(DType::F32, &p(128, 24, 2)), SHADER_VEC);
+    assert_eq!(shader(DType::BF16, &p(128, 24, 0)), SHADER_VEC);
+    assert_eq!(shader(DType::F16, &p(128, 8, 1)), OP);
 }

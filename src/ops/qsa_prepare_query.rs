@@ -232,15 +232,43 @@ pub struct QueryBuffers<'a> {
     pub flags: &'a wgpu::Buffer,
 }
 
+/// The word kernel (`qsa_prepare_query_vec.wgsl`): rows of whole 16-byte words and, with
+/// rotation, halves of whole words. Same values bit for bit as the element kernel.
+pub const SHADER_VEC: &str = "qsa_prepare_query_vec";
+
+/// The shader for a dispatch: the word kernel where rows and rotary halves are whole 16-byte
+/// words (Di a multiple of 4 f32 or 8 16-bit elements, Dr of twice that), else the element one.
+pub fn shader(dt: DType, prm: &QsaPrepareQueryParams) -> &'static str {
+    let per_word = 16 / dt.size() as u32;
+    let rope_ok = prm.rope_mode == 0 || prm.dr % (2 * per_word) == 0;
+    if prm.di % per_word == 0 && rope_ok {
+        SHADER_VEC
+    } else {
+        OP
+    }
+}
+
 /// Describes one query-prep dispatch (recorded by the `encode_` wrapper below or an orchestrator).
 pub fn dispatch_query<'a>(
+    ctx: &'a Context,
+    dt: DType,
+    prm: &'a QsaPrepareQueryParams,
+    b: &'a QueryBuffers<'a>,
+) -> Result<Dispatch<'a>> {
+    dispatch_query_with(ctx, shader(dt, prm), dt, prm, b)
+}
+
+/// [`dispatch_query`] with the shader given: `OP` (the element kernel, any shape) or
+/// [`SHADER_VEC`] (only where [`shader`] picks it).
+pub fn dispatch_query_with<'a>(
     _ctx: &'a Context,
+    shader: &'static str,
     dt: DType,
     prm: &'a QsaPrepareQueryParams,
     b: &'a QueryBuffers<'a>,
 ) -> Result<Dispatch<'a>> {
     Ok(Dispatch {
-        key: PipelineKey::new(OP, "main").with("T_KIND", dt.shader_kind()),
+        key: PipelineKey::new(shader, "main").with("T_KIND", dt.shader_kind()),
         params: bytemuck::bytes_of(prm),
         buffers: vec![
             b.q_raw,
@@ -273,6 +301,17 @@ pub async fn gpu(
     ctx: &Context,
     x: &QsaPrepareQueryInputs<'_>,
     a: &QsaPrepareQueryAttrs,
+) -> Result<Tensor> {
+    gpu_with(ctx, x, a, false).await
+}
+
+/// [`gpu`], on the element kernel whatever the shape when `element` is set (the tests compare
+/// the two kernels with it).
+pub async fn gpu_with(
+    ctx: &Context,
+    x: &QsaPrepareQueryInputs<'_>,
+    a: &QsaPrepareQueryAttrs,
+    element: bool,
 ) -> Result<Tensor> {
     let p = validate(x, a)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
@@ -325,7 +364,13 @@ pub async fn gpu(
         out: &out.buffer,
         flags: &flags.buffer,
     };
-    encode_query(ctx, &mut enc, p.dt, &prm, &bufs).await?;
+    let pick = if element { OP } else { shader(p.dt, &prm) };
+    encode(
+        ctx,
+        &mut enc,
+        dispatch_query_with(ctx, pick, p.dt, &prm, &bufs)?,
+    )
+    .await?;
     ctx.submit(OP, enc).await?;
     let mut got = read_checked(ctx, OP, &[&out], &flags).await?;
     Ok(got.remove(0))
