@@ -240,8 +240,8 @@ pub const SHADER_VEC: &str = "qsa_prepare_query_vec";
 /// words (Di a multiple of 4 f32 or 8 16-bit elements, Dr of twice that), else the element one.
 pub fn shader(dt: DType, prm: &QsaPrepareQueryParams) -> &'static str {
     let per_word = 16 / dt.size() as u32;
-    let rope_ok = prm.rope_mode == 0 || prm.dr % (2 * per_word) == 0;
-    if prm.di % per_word == 0 && rope_ok {
+    let rope_ok = prm.rope_mode == 0 || prm.dr.is_multiple_of(2 * per_word);
+    if prm.di.is_multiple_of(per_word) && rope_ok {
         SHADER_VEC
     } else {
         OP
