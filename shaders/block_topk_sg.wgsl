@@ -182,13 +182,22 @@ fn wide_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 // Short rows, one row per subgroup: steps 1 to 5 as described at the top (2', 3', 4').
+// The 16 thresholds lo + j · step, four per vector (j = 4i + lane of vector i), as count2 and
+// total_of take them.
+fn thresholds16(lo: u32, step: u32) -> array<vec4<u32>, 4> {
+    let t0 = vec4<u32>(lo) + vec4<u32>(0u, 1u, 2u, 3u) * step;
+    let t1 = t0 + vec4<u32>(4u * step);
+    let t2 = t1 + vec4<u32>(4u * step);
+    return array<vec4<u32>, 4>(t0, t1, t2, t2 + vec4<u32>(4u * step));
+}
+
 // The bucket (0 ..= 15) of a key x >= u_0: how many of u_1 .. u_15 it reaches.
-fn bucket_of(x: u32, u0: vec4<u32>, u1: vec4<u32>, u2: vec4<u32>, u3: vec4<u32>) -> u32 {
+fn bucket_of(x: u32, u: array<vec4<u32>, 4>) -> u32 {
     let zero = vec4<u32>(0u);
     let one = vec4<u32>(1u);
     let v = vec4<u32>(x);
-    let c = select(zero, one, v >= u0) + select(zero, one, v >= u1) + select(zero, one, v >= u2)
-        + select(zero, one, v >= u3);
+    let c = select(zero, one, v >= u[0]) + select(zero, one, v >= u[1])
+        + select(zero, one, v >= u[2]) + select(zero, one, v >= u[3]);
     return c.x + c.y + c.z + c.w - 1u;
 }
 
@@ -241,16 +250,13 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     var hi = select(0xff800000u, e.x, e.x != 0u);
     for (var round = 0u; round < REFINE_ROUNDS; round++) {
         let step = (hi - lo) / 16u + 1u;
-        let t0 = vec4<u32>(lo) + vec4<u32>(0u, 1u, 2u, 3u) * step;
-        let t1 = t0 + vec4<u32>(4u * step);
-        let t2 = t1 + vec4<u32>(4u * step);
-        let t3 = t2 + vec4<u32>(4u * step);
+        let th = thresholds16(lo, step);
         var p0 = vec4<u32>(0u);
         var p1 = vec4<u32>(0u);
         for (var c = c0; c < c1; c += 4u) {
             let x = kv[(c - c0) >> 2u];
-            p0 += count2(x, t0, t1);
-            p1 += count2(x, t2, t3);
+            p0 += count2(x, th[0], th[1]);
+            p1 += count2(x, th[2], th[3]);
         }
         let s0 = subgroup_sum(p0, ssz);  // at most W <= 2048 per field
         let s1 = subgroup_sum(p1, ssz);
@@ -280,21 +286,17 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     // one, in column order within each (lanes hold consecutive columns). Counts at or above
     // each u_j, per lane (q) and over the lanes before it (ex) and all (all), in 16-bit fields.
     let top = max(e.x, lo);
-    let bstep = (top - lo) / 16u + 1u;
-    let u0 = vec4<u32>(lo) + vec4<u32>(0u, 1u, 2u, 3u) * bstep;
-    let u1 = u0 + vec4<u32>(4u * bstep);
-    let u2 = u1 + vec4<u32>(4u * bstep);
-    let u3 = u2 + vec4<u32>(4u * bstep);
+    let u = thresholds16(lo, (top - lo) / 16u + 1u);
     var ma = vec4<u32>(0u);
     var mb = vec4<u32>(0u);
     var qa = vec4<u32>(0u);
     var qb = vec4<u32>(0u);
     for (var c = c0; c < c1; c += 4u) {
         let x = kv[(c - c0) >> 2u];
-        let b = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), x >= u0.xxxx);
+        let b = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), x >= vec4<u32>(lo));
         set_bits(&ma, &mb, c - c0, b.x | b.y | b.z | b.w);
-        qa += count2(x, u0, u1);
-        qb += count2(x, u2, u3);
+        qa += count2(x, u[0], u[1]);
+        qb += count2(x, u[2], u[3]);
     }
     var ia = qa;
     var ib = qb;
@@ -329,7 +331,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let c = c0 + 32u * wi + firstTrailingBit(bits);
             bits &= bits - 1u;
             let x = kv[(c - c0) >> 2u][(c - c0) & 3u];
-            let j = bucket_of(x, u0, u1, u2, u3);
+            let j = bucket_of(x, u);
             // Entries of the buckets above, of this bucket in the lanes before, and placed.
             let ex = total_of(exa, exb, j) - bucket_start(exa, exb, j);
             put_entry(bucket_start(alla, allb, j) + ex + total_of(ra, rb, j), x, c);

@@ -9,32 +9,13 @@
 
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
+//#include common/qsa_prepare_query.wgsl
 
-const WG: u32 = 64u;
-
-struct QsaPrepareQueryParams {
-    t: u32,          // rows
-    hi: u32,         // heads
-    di: u32,         // channels
-    dr: u32,         // rotary channels
-    rope_mode: u32,  // 0 none, 1 cos/sin tables, 2 freqs_cis + positions
-    norm_on: u32,
-    freq_rows: u32,  // rows of freqs_cis
-    _pad0: u32,
-    eps: f32,
-    offset: f32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> P: QsaPrepareQueryParams;
 @group(0) @binding(1) var<storage, read> q_raw: array<u32>;      // [T, Hi, Di] T
 @group(0) @binding(2) var<storage, read> weight: array<u32>;     // [Di] T
 @group(0) @binding(3) var<storage, read> rope_a: array<u32>;     // [T, Dr] T or [positions, Dr] T
 @group(0) @binding(4) var<storage, read> rope_b: array<u32>;     // [T, Dr] T
-@group(0) @binding(5) var<storage, read> positions: array<i32>;  // [T] i32
 @group(0) @binding(6) var<storage, read_write> out: array<atomic<u32>>; // [T, Hi, Di] T
-@group(0) @binding(7) var<storage, read_write> flags: atomic<u32>;
 
 fn ld_q(i: u32) -> f32 { return t_load(q_raw[t_word(i)], i); }
 fn ld_w(i: u32) -> f32 { return t_load(weight[t_word(i)], i); }
@@ -82,19 +63,12 @@ fn value(src: u32, t: u32, pos: u32, c: u32, inv: f32) -> f32 {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let r = (wg.y * nwg.x + wg.x) * WG + lid;  // row (t, h)
-    if (r >= P.t * P.hi) {
+    let row = query_row(r);
+    if (row.z == 0u) {
         return;
     }
-    let t = r / P.hi;
-    var pos = 0u;
-    if (P.rope_mode == 2u) {
-        let p = positions[t];
-        if (p < 0 || u32(p) >= P.freq_rows) {
-            atomicOr(&flags, FLAG_ROPE_ROW);
-            return;
-        }
-        pos = u32(p);
-    }
+    let t = row.x;
+    let pos = row.y;
     let src = r * P.di;
     var inv = 1.0;
     if (P.norm_on != 0u) {

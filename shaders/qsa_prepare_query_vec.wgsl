@@ -11,32 +11,13 @@
 
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
+//#include common/qsa_prepare_query.wgsl
 
-const WG: u32 = 64u;
-
-struct QsaPrepareQueryParams {
-    t: u32,          // rows
-    hi: u32,         // heads
-    di: u32,         // channels
-    dr: u32,         // rotary channels
-    rope_mode: u32,  // 0 none, 1 cos/sin tables, 2 freqs_cis + positions
-    norm_on: u32,
-    freq_rows: u32,  // rows of freqs_cis
-    _pad0: u32,
-    eps: f32,
-    offset: f32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> P: QsaPrepareQueryParams;
 @group(0) @binding(1) var<storage, read> q_raw: array<vec4<u32>>;   // [T, Hi, Di] T
 @group(0) @binding(2) var<storage, read> weight: array<vec4<u32>>;  // [Di] T
 @group(0) @binding(3) var<storage, read> rope_a: array<vec4<u32>>;  // [T, Dr] or [positions, Dr] T
 @group(0) @binding(4) var<storage, read> rope_b: array<vec4<u32>>;  // [T, Dr] T
-@group(0) @binding(5) var<storage, read> positions: array<i32>;     // [T] i32
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<u32>>; // [T, Hi, Di] T
-@group(0) @binding(7) var<storage, read_write> flags: atomic<u32>;
 
 // The elements of one word: f32 in `a`; f16 / bf16 the even ones in `a`, the odd ones in `b`.
 struct Word {
@@ -126,19 +107,12 @@ fn rot_plus(y: Word, z: Word, c: Word, s: Word) -> Word {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let r = (wg.y * nwg.x + wg.x) * WG + lid;  // row (t, h)
-    if (r >= P.t * P.hi) {
+    let row = query_row(r);
+    if (row.z == 0u) {
         return;
     }
-    let t = r / P.hi;
-    var pos = 0u;
-    if (P.rope_mode == 2u) {
-        let p = positions[t];
-        if (p < 0 || u32(p) >= P.freq_rows) {
-            atomicOr(&flags, FLAG_ROPE_ROW);
-            return;
-        }
-        pos = u32(p);
-    }
+    let t = row.x;
+    let pos = row.y;
     let n = P.di / elems();  // words per row
     let src = r * n;
     var inv = 1.0;

@@ -20,6 +20,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/flags.wgsl"),
     ),
     (
+        "common/qsa_prepare_query.wgsl",
+        include_str!("../shaders/common/qsa_prepare_query.wgsl"),
+    ),
+    (
         "common/nsa_attention.wgsl",
         include_str!("../shaders/common/nsa_attention.wgsl"),
     ),

@@ -10,6 +10,45 @@ use qsa_wgpu::ops::qsa_prepare_query::{
 use qsa_wgpu::testing::{compare, transform_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
 
+/// One random case: owned inputs of the shape given (rope 0: none, 1: cos/sin tables,
+/// 2: freqs_cis over `rows` positions).
+struct Case {
+    q: Tensor,
+    w: Option<Tensor>,
+    cos: Option<Tensor>,
+    sin: Option<Tensor>,
+    freqs: Option<Tensor>,
+    pos: Option<Tensor>,
+}
+
+impl Case {
+    fn new(rng: &mut Rng, dt: DType, [t, hi, di, dr]: [usize; 4], rope: u32, norm: bool) -> Case {
+        let rows = 200;
+        Case {
+            q: rng.tensor(dt, &[t, hi, di]),
+            w: norm.then(|| rng.tensor(dt, &[di])),
+            cos: (rope == 1).then(|| rng.tensor(dt, &[t, dr])),
+            sin: (rope == 1).then(|| rng.tensor(dt, &[t, dr])),
+            freqs: (rope == 2).then(|| rng.tensor(dt, &[rows, dr])),
+            pos: (rope == 2).then(|| {
+                let p: Vec<i32> = (0..t).map(|_| rng.below(rows) as i32).collect();
+                Tensor::from_i32(&[t], &p)
+            }),
+        }
+    }
+
+    fn inputs(&self) -> QsaPrepareQueryInputs<'_> {
+        QsaPrepareQueryInputs {
+            index_query_raw: &self.q,
+            q_norm_weight: self.w.as_ref(),
+            rope_cos: self.cos.as_ref(),
+            rope_sin: self.sin.as_ref(),
+            freqs_cis: self.freqs.as_ref(),
+            positions: self.pos.as_ref(),
+        }
+    }
+}
+
 #[test]
 fn gpu_matches_cpu() {
     let ctx = util::ctx();
@@ -24,26 +63,9 @@ fn gpu_matches_cpu() {
                         continue;
                     }
                     let hi = 1 + rng.below(4);
-                    let q = rng.tensor(dt, &[t, hi, di]);
-                    let w = (rng.below(3) != 0).then(|| rng.tensor(dt, &[di]));
-                    let cos = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
-                    let sin = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
-                    let rows = 200;
-                    let freqs = (rope == 2).then(|| rng.tensor(dt, &[rows, dr]));
-                    let pos = (rope == 2).then(|| {
-                        Tensor::from_i32(
-                            &[t],
-                            &(0..t).map(|_| rng.below(rows) as i32).collect::<Vec<_>>(),
-                        )
-                    });
-                    let x = QsaPrepareQueryInputs {
-                        index_query_raw: &q,
-                        q_norm_weight: w.as_ref(),
-                        rope_cos: cos.as_ref(),
-                        rope_sin: sin.as_ref(),
-                        freqs_cis: freqs.as_ref(),
-                        positions: pos.as_ref(),
-                    };
+                    let norm = rng.below(3) != 0;
+                    let case = Case::new(&mut rng, dt, [t, hi, di, dr], rope, norm);
+                    let x = case.inputs();
                     let a = QsaPrepareQueryAttrs {
                         epsilon: 1e-6,
                         norm_weight_offset: rng.below(2) as f32,
@@ -122,25 +144,9 @@ fn word_kernel_matches_element_kernel() {
         for (di, dr) in [(128, 64), (48, 16), (32, 0)] {
             for rope in 0..3 {
                 for norm in [false, true] {
-                    let (t, hi, rows) = (37, 3, 50);
                     let dr = if rope == 0 { 0 } else { dr.max(16) };
-                    let q = rng.tensor(dt, &[t, hi, di]);
-                    let w = norm.then(|| rng.tensor(dt, &[di]));
-                    let cos = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
-                    let sin = (rope == 1).then(|| rng.tensor(dt, &[t, dr]));
-                    let freqs = (rope == 2).then(|| rng.tensor(dt, &[rows, dr]));
-                    let pos = (rope == 2).then(|| {
-                        let p: Vec<i32> = (0..t).map(|_| rng.below(rows) as i32).collect();
-                        Tensor::from_i32(&[t], &p)
-                    });
-                    let x = QsaPrepareQueryInputs {
-                        index_query_raw: &q,
-                        q_norm_weight: w.as_ref(),
-                        rope_cos: cos.as_ref(),
-                        rope_sin: sin.as_ref(),
-                        freqs_cis: freqs.as_ref(),
-                        positions: pos.as_ref(),
-                    };
+                    let case = Case::new(&mut rng, dt, [37, 3, di, dr], rope, norm);
+                    let x = case.inputs();
                     let a = QsaPrepareQueryAttrs {
                         epsilon: 1e-6,
                         norm_weight_offset: rng.below(2) as f32,
