@@ -181,7 +181,6 @@ fn wide_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     rank_sg(id, lid, sl, ssz);
 }
 
-// Short rows, one row per subgroup: steps 1 to 5 as described at the top (2', 3', 4').
 // The 16 thresholds lo + j · step, four per vector (j = 4i + lane of vector i), as count2 and
 // total_of take them.
 fn thresholds16(lo: u32, step: u32) -> array<vec4<u32>, 4> {
@@ -219,6 +218,7 @@ fn bucket_start(ta: vec4<u32>, tb: vec4<u32>, j: u32) -> u32 {
     return select(0u, total_of(ta, tb, j + 1u), j < 15u);
 }
 
+// Short rows, one row per subgroup: steps 1 to 5 as described at the top (2', 3', 4').
 const RL: u32 = 8u;  // invocations of row_sg's workgroup
 
 @compute @workgroup_size(8)
@@ -323,13 +323,12 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     var rb = vec4<u32>(0u);
     let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
     for (var wi = 0u; wi < words; wi++) {
-        var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
+        var bits = mask_word(ma, mb, wi);
         loop {
             if (bits == 0u) {
                 break;
             }
-            let c = c0 + 32u * wi + firstTrailingBit(bits);
-            bits &= bits - 1u;
+            let c = c0 + 32u * wi + pop_bit(&bits);
             let x = kv[(c - c0) >> 2u][(c - c0) & 3u];
             let j = bucket_of(x, u);
             // Entries of the buckets above, of this bucket in the lanes before, and placed.

@@ -62,13 +62,13 @@ fn value(src: u32, t: u32, pos: u32, c: u32, inv: f32) -> f32 {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let r = (wg.y * nwg.x + wg.x) * WG + lid;  // row (t, h)
-    let row = query_row(r);
-    if (row.z == 0u) {
+    let row = query_row(wg, nwg, lid);
+    if (row.w == 0u) {
         return;
     }
-    let t = row.x;
-    let pos = row.y;
+    let r = row.x;  // row (t, h)
+    let t = row.y;
+    let pos = row.z;
     let src = r * P.di;
     var inv = 1.0;
     if (P.norm_on != 0u) {

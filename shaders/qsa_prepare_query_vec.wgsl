@@ -106,13 +106,13 @@ fn rot_plus(y: Word, z: Word, c: Word, s: Word) -> Word {
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let r = (wg.y * nwg.x + wg.x) * WG + lid;  // row (t, h)
-    let row = query_row(r);
-    if (row.z == 0u) {
+    let row = query_row(wg, nwg, lid);
+    if (row.w == 0u) {
         return;
     }
-    let t = row.x;
-    let pos = row.y;
+    let r = row.x;  // row (t, h)
+    let t = row.y;
+    let pos = row.z;
     let n = P.di / elems();  // words per row
     let src = r * n;
     var inv = 1.0;

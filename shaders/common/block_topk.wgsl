@@ -25,7 +25,7 @@ const SAMPLE: u32 = 512u; // keys of a wide row sampled for a first threshold (s
 var<workgroup> hist: array<atomic<u32>, WG>;  // one bin per digit value
 var<workgroup> sfx: array<u32, WG>;           // per-invocation counts, then their scan
 var<workgroup> part: array<u32, 16>;          // sums of 16 bins or 16 counts
-var<workgroup> skey: array<vec4<u32>, MAX_K / 4u>;  // selected keys, in column order
+var<workgroup> skey: array<vec4<u32>, MAX_K / 4u>;  // selected keys, in column order (row_sg: by bucket)
 var<workgroup> scol: array<atomic<u32>, MAX_K / 2u>; // their columns, two u16 per word
 var<workgroup> thr_hi: u32;                   // threshold digits chosen so far (key part)
 var<workgroup> thr_lo: u32;                   // ... (column part)
@@ -125,6 +125,18 @@ fn set_bits(ma: ptr<function, vec4<u32>>, mb: ptr<function, vec4<u32>>, o: u32, 
     let b = vec4<u32>(bits << (o & 31u));
     *ma |= select(vec4<u32>(0u), b, w == vec4<u32>(0u, 1u, 2u, 3u));
     *mb |= select(vec4<u32>(0u), b, w == vec4<u32>(4u, 5u, 6u, 7u));
+}
+
+// Word wi (0 ..= 7) of the 256-bit mask (ma, mb).
+fn mask_word(ma: vec4<u32>, mb: vec4<u32>, wi: u32) -> u32 {
+    return select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
+}
+
+// The lowest set bit of *bits (not 0), cleared.
+fn pop_bit(bits: ptr<function, u32>) -> u32 {
+    let b = firstTrailingBit(*bits);
+    *bits &= *bits - 1u;
+    return b;
 }
 
 // 1 in each lane where the entry (key kj, position j) comes before (k, p).
@@ -502,13 +514,12 @@ fn wide_select(id: u32, lid: u32) {
     var pos = sfx[lid] + part[lid >> 4u];
     let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
     for (var wi = 0u; wi < words; wi++) {
-        var bits = select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
+        var bits = mask_word(ma, mb, wi);
         loop {
             if (bits == 0u) {
                 break;
             }
-            let c = c0 + 32u * wi + firstTrailingBit(bits);
-            bits &= bits - 1u;
+            let c = c0 + 32u * wi + pop_bit(&bits);
             let p = pos;
             if (p < MAX_K) {
                 put_entry(p, key_of(score_bits(base + c)), c);

@@ -22,11 +22,12 @@ struct QsaPrepareQueryParams {
 @group(0) @binding(5) var<storage, read> positions: array<i32>;  // [T] i32
 @group(0) @binding(7) var<storage, read_write> flags: atomic<u32>;
 
-// Invocation r's row (t, h): (t, its freqs_cis row, 1), or 0 in z past the rows and for a
-// position outside freqs_cis (flagged), which is left unwritten.
-fn query_row(r: u32) -> vec3<u32> {
+// The row (t, h) of an invocation: (r = t · Hi + h, t, its freqs_cis row, 1), or 0 in w past
+// the rows and for a position outside freqs_cis (flagged), which is left unwritten.
+fn query_row(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> vec4<u32> {
+    let r = (wg.y * nwg.x + wg.x) * WG + lid;
     if (r >= P.t * P.hi) {
-        return vec3<u32>(0u);
+        return vec4<u32>(0u);
     }
     let t = r / P.hi;
     var pos = 0u;
@@ -34,9 +35,9 @@ fn query_row(r: u32) -> vec3<u32> {
         let p = positions[t];
         if (p < 0 || u32(p) >= P.freq_rows) {
             atomicOr(&flags, FLAG_ROPE_ROW);
-            return vec3<u32>(t, 0u, 0u);
+            return vec4<u32>(r, t, 0u, 0u);
         }
         pos = u32(p);
     }
-    return vec3<u32>(t, pos, 1u);
+    return vec4<u32>(r, t, pos, 1u);
 }
