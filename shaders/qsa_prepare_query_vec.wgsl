@@ -5,7 +5,8 @@
 // the output, the rotated pairs (channel c and c + Dr/2) a word of each at a time with their
 // weights and tables, and every output word is stored whole. The values and their order are
 // those of qsa_prepare_query.wgsl (the sum of squares in channel order, the same products), so
-// the results are the same bit for bit. Why: on llvmpipe every load is a loop over the lanes,
+// the results are the same bit for bit unless the driver fuses multiply-adds differently in
+// the two (NVIDIA's does: one rounding step). Why: on llvmpipe every load is a loop over the lanes,
 // and the scalar kernel loads each channel three times and each weight twice, one element at a
 // time (8K prefill: 35 ms).
 

@@ -233,7 +233,8 @@ pub struct QueryBuffers<'a> {
 }
 
 /// The word kernel (`qsa_prepare_query_vec.wgsl`): rows of whole 16-byte words and, with
-/// rotation, halves of whole words. Same values bit for bit as the element kernel.
+/// rotation, halves of whole words. The element kernel's arithmetic in its order: the same bits
+/// where the driver contracts both alike (lavapipe, llvmpipe), within a rounding step elsewhere.
 pub const SHADER_VEC: &str = "qsa_prepare_query_vec";
 
 /// The shader for a dispatch: the word kernel where rows and rotary halves are whole 16-byte
