@@ -156,7 +156,7 @@ fn info_lists_adapter_and_limits() {
 
 #[test]
 fn bench_runs_the_peer_before_each_preset() {
-    // A stand-in peer (a shell script in the peer's command-line and JSON shape) that logs
+    // With the clock hold on (its work runs before each pass and run). A stand-in peer (a shell script in the peer's command-line and JSON shape) that logs
     // its presets: `qsa bench --peer` runs it once per preset, just before our runs of that
     // preset, and divides our wall median by its median.
     let script = tmp("peer.sh");
@@ -174,6 +174,7 @@ fn bench_runs_the_peer_before_each_preset() {
         .args(["bench", "--preset", "nsa-decode", "--preset"])
         .arg("qsa-attention-decode-128k")
         .args(["--dtype", "bf16", "--runs", "1", "--json", "--python", "sh"])
+        .args(["--clock-hold", "on"])
         .arg("--peer")
         .arg(&script)
         .output()
@@ -187,6 +188,9 @@ fn bench_runs_the_peer_before_each_preset() {
     assert!(at("nsa-decode: peer") < at("nsa-decode bf16: setting up"));
     assert!(at("nsa-decode bf16: wall median") < at("qsa-attention-decode-128k: peer"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The clock hold, asked for on this CPU adapter, ran and is reported.
+    assert!(err.contains("clock hold: on"), "{err}");
+    assert_eq!(v["clock_hold"], serde_json::Value::Bool(true), "{v}");
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     for r in results {

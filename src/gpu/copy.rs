@@ -166,3 +166,73 @@ async fn best_ms(ctx: &Context, d: Dispatch<'_>, runs: usize) -> Result<f64> {
     }
     Ok(best)
 }
+
+/// Keeps a GPU's clocks up while `qsa bench` times steps that leave it mostly idle. A real
+/// GPU lowers its clock within a fraction of a second of low load: on an H200 the bench's
+/// decode steps (~0.1 ms of work, then the host's turn) ran at the idle 345 MHz instead of
+/// 1980 MHz (docs/perf.md), which made every stage ~5× slower than in a serving loop, where
+/// the model's other layers keep the GPU busy. `run_for` runs the registers-only
+/// multiply-add probe (`arith`) back to back, waiting for each, for the time asked.
+pub struct ClockHold {
+    bound: Bound,
+    prm: BenchCopyParams,
+    // The probe's bindings; it reads and writes nothing in them but they must stay alive.
+    _buffers: [wgpu::Buffer; 2],
+}
+
+impl ClockHold {
+    pub async fn new(ctx: &Context) -> Result<ClockHold> {
+        let make = |label: &str| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 4096,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let buffers = [make("qsa.bench.hold.src"), make("qsa.bench.hold.dst")];
+        // The roofline's probe: ~0.15 ms at an H200's full clock, so the host waits little
+        // past the time asked.
+        let prm = BenchCopyParams {
+            words: FMA_ITERS,
+            ..Default::default()
+        };
+        let d = dispatch(
+            "arith",
+            &prm,
+            FMA_GROUPS,
+            vec![&buffers[0], &buffers[1]],
+            None,
+        );
+        let bound = Bound::new(ctx, &d).await?;
+        Ok(ClockHold {
+            bound,
+            prm,
+            _buffers: buffers,
+        })
+    }
+
+    /// Runs the probe back to back, four dispatches a submission, for `ms` milliseconds of
+    /// wall time (at least one submission).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_for(&self, ctx: &Context, ms: f64) -> Result<()> {
+        let t0 = Instant::now();
+        loop {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            for _ in 0..4 {
+                self.bound.record(
+                    ctx,
+                    &mut enc,
+                    bytemuck::bytes_of(&self.prm),
+                    FMA_GROUPS,
+                    None,
+                );
+            }
+            pollster::block_on(ctx.submit("bench_hold", enc))?;
+            ctx.wait()?;
+            if t0.elapsed().as_secs_f64() * 1e3 >= ms {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -9,7 +9,7 @@ mod timer;
 
 pub use buffers::{GpuTensor, Readback};
 pub use cache::{BindingKind, CachedPipeline, PipelineCache, PipelineKey};
-pub use copy::{roofline, BenchCopyParams, Roofline};
+pub use copy::{roofline, BenchCopyParams, ClockHold, Roofline};
 pub use texture::{WordTexture, TEX_WIDTH};
 pub use timer::Timer;
 
@@ -62,6 +62,21 @@ pub struct Context {
     pub(crate) dummy: wgpu::Buffer,
 }
 
+/// Whether a GL context of version string `version` (GL_VERSION: "4.5 (Core Profile) Mesa …",
+/// "OpenGL ES 3.2 …", "3.3.0 NVIDIA …") runs compute shaders: OpenGL 4.3 or ES 3.1 and up.
+/// `None` when the string does not parse.
+pub fn gl_has_compute(version: &str) -> Option<bool> {
+    let (es, rest) = match version.strip_prefix("OpenGL ES ") {
+        Some(r) => (true, r),
+        None => (false, version.strip_prefix("OpenGL ").unwrap_or(version)),
+    };
+    let mut it = rest.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = it.next()?.parse().ok()?;
+    let minor: u32 = it.next()?.parse().ok()?;
+    let need = if es { (3, 1) } else { (4, 3) };
+    Some((major, minor) >= need)
+}
+
 impl Context {
     /// Creates a context (async: the browser cannot block).
     pub async fn new(opts: &ContextOptions) -> Result<Arc<Context>> {
@@ -92,6 +107,14 @@ impl Context {
         let (instance, adapter) = found
             .ok_or_else(|| Error::Adapter(format!("no adapter found ({})", errors.join("; "))))?;
         let info = adapter.get_info();
+        if info.backend == wgpu::Backend::Gl && gl_has_compute(&info.driver_info) == Some(false) {
+            // wgpu would fail later with an internal error ("Parent device is lost").
+            return Err(Error::Adapter(format!(
+                "{} on GL gave an OpenGL {} context, which has no compute shaders (OpenGL 4.3 or \
+                 ES 3.1 needed); NVIDIA's EGL does this: use Vulkan (--backend vulkan)",
+                info.name, info.driver_info
+            )));
+        }
         let available = adapter.features();
         // Subgroup variants run only natively with the feature on and one fixed size; the
         // browser build keeps the portable kernels (`disable_subgroups` does the same here).
@@ -301,5 +324,27 @@ impl Context {
         } else {
             (max, groups.div_ceil(max))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gl_has_compute;
+
+    #[test]
+    fn gl_versions_with_and_without_compute() {
+        // llvmpipe through EGL, and what NVIDIA's EGL gave wgpu 30 on an H200.
+        assert_eq!(gl_has_compute("4.5 (Core Profile) Mesa 22.3.6"), Some(true));
+        assert_eq!(gl_has_compute("3.3.0 NVIDIA 580.159.04"), Some(false));
+        assert_eq!(gl_has_compute("4.2.0 NVIDIA"), Some(false));
+        assert_eq!(gl_has_compute("4.3"), Some(true));
+        assert_eq!(
+            gl_has_compute("OpenGL ES 3.2 NVIDIA 580.159.04"),
+            Some(true)
+        );
+        assert_eq!(gl_has_compute("OpenGL ES 3.0 Mesa"), Some(false));
+        assert_eq!(gl_has_compute("OpenGL 4.6"), Some(true));
+        assert_eq!(gl_has_compute("unknown"), None);
+        assert_eq!(gl_has_compute(""), None);
     }
 }

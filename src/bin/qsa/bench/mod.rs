@@ -13,7 +13,7 @@
 mod presets;
 mod report;
 
-use qsa_wgpu::gpu::{roofline, Context, ContextOptions, Roofline};
+use qsa_wgpu::gpu::{roofline, ClockHold, Context, ContextOptions, Roofline};
 use qsa_wgpu::{DType, Error, Result};
 
 /// The presets, in the peer's order.
@@ -54,6 +54,17 @@ pub struct BenchArgs {
     /// Score from the indexer's query and block-key buffers, not from their texture copies.
     #[arg(long)]
     pub no_textures: bool,
+    /// Keep the GPU's clocks up with busy work before each pass and run: auto (on unless the
+    /// adapter is a CPU), on, off.
+    #[arg(long, value_enum, default_value_t = ClockHoldMode::Auto)]
+    pub clock_hold: ClockHoldMode,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockHoldMode {
+    Auto,
+    On,
+    Off,
 }
 
 /// One stage of a measured step.
@@ -138,6 +149,26 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         report::opt(roof.texture_read_gbs, 2),
         roof.fma_gflops
     );
+    // A real GPU drops to its idle clock within a fraction of a second of low load, and a
+    // decode step leaves it idle most of the time: busy work before each pass and each run
+    // keeps it where a serving loop keeps it. Not on CPU adapters, whose cores the steps need.
+    let on = match args.clock_hold {
+        ClockHoldMode::Auto => ctx.info.device_type != wgpu::DeviceType::Cpu,
+        ClockHoldMode::On => true,
+        ClockHoldMode::Off => false,
+    };
+    let hold = match on {
+        true => Some(pollster::block_on(ClockHold::new(&ctx))?),
+        false => None,
+    };
+    eprintln!(
+        "clock hold: {}",
+        if hold.is_some() {
+            "on (multiply-add work for 300 ms before each pass, 5 ms before each run)"
+        } else {
+            "off"
+        }
+    );
     let mut all = Vec::new();
     let total = presets.len() * dtypes.len();
     for (i, p) in presets.iter().enumerate() {
@@ -160,7 +191,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
                 "[{}/{total}] {p} {dt}: setting up …",
                 i * dtypes.len() + j + 1
             );
-            let mut m = presets::measure(&ctx, p, dt, args.runs)?;
+            let mut m = presets::measure(&ctx, p, dt, args.runs, hold.as_ref())?;
             let secs = m.gpu_ms.unwrap_or(m.wall_median_ms) * 1e-3;
             m.gbs = m.bytes as f64 / secs / 1e9;
             m.gflops = m.flops as f64 / secs / 1e9;
@@ -187,7 +218,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         }
     }
     if args.json {
-        report::json(&ctx, &roof, &all)?;
+        report::json(&ctx, &roof, hold.is_some(), &all)?;
     } else {
         report::table(&ctx, &roof, &all);
     }

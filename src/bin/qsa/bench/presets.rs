@@ -6,7 +6,7 @@
 //! each fit one storage binding.
 
 use super::{Measure, Stage};
-use qsa_wgpu::gpu::{Context, GpuTensor, Timer};
+use qsa_wgpu::gpu::{ClockHold, Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::common::{flag_word, read_checked, Bound, Dispatch};
 use qsa_wgpu::ops::nsa_compress_attention::{
@@ -23,6 +23,18 @@ use qsa_wgpu::{DType, Error, Result, Tensor};
 use std::time::Instant;
 
 const WARMUP: usize = 2;
+/// Clock hold (`ClockHold`) before the first run of a pass and before each later one, ms.
+const HOLD_FIRST_MS: f64 = 300.0;
+const HOLD_RUN_MS: f64 = 5.0;
+
+/// Before run `run` of a pass, and before anything of that run is recorded or uploaded: the
+/// clock hold, if the bench holds clocks.
+fn hold_before(ctx: &Context, hold: Option<&ClockHold>, run: usize) -> Result<()> {
+    match hold {
+        Some(h) => h.run_for(ctx, if run == 0 { HOLD_FIRST_MS } else { HOLD_RUN_MS }),
+        None => Ok(()),
+    }
+}
 
 /// Progress on stderr: runs are long on software adapters. `what`: the wall-clock runs or the
 /// timestamped ones.
@@ -54,11 +66,12 @@ fn timed_runs(
     ctx: &Context,
     preset: &str,
     runs: usize,
+    hold: Option<&ClockHold>,
     mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
-    let (walls, _) = timed_pass(ctx, preset, runs, None, &mut record)?;
+    let (walls, _) = timed_pass(ctx, preset, runs, hold, None, &mut record)?;
     let stages = match Timer::new(ctx, 64) {
-        Some(t) => timed_pass(ctx, preset, runs, Some(t), &mut record)?.1,
+        Some(t) => timed_pass(ctx, preset, runs, hold, Some(t), &mut record)?.1,
         None => Vec::new(),
     };
     Ok((walls, stages))
@@ -69,6 +82,7 @@ fn timed_pass(
     ctx: &Context,
     preset: &str,
     runs: usize,
+    hold: Option<&ClockHold>,
     mut timer: Option<Timer>,
     record: &mut impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
@@ -76,6 +90,7 @@ fn timed_pass(
     let (mut walls, mut stages) = (Vec::new(), Vec::new());
     for run in 0..WARMUP + runs {
         progress(preset, what, run, runs);
+        hold_before(ctx, hold, run)?;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         if let Some(t) = &mut timer {
             t.clear();
@@ -182,18 +197,21 @@ fn skipped(preset: &str, dt: DType, why: String) -> Measure {
     m
 }
 
+/// Sets up and times one preset in one type: `runs` timed runs after the warm-ups, each run
+/// preceded by the clock hold when `hold` is given.
 pub fn measure(
     ctx: &std::sync::Arc<Context>,
     preset: &str,
     dt: DType,
     runs: usize,
+    hold: Option<&ClockHold>,
 ) -> Result<Measure> {
     let r = match preset {
-        "qsa-decode-128k" => qsa(ctx, preset, dt, 1, 131071, 1, runs),
-        "qsa-decode-128k-b8" => qsa(ctx, preset, dt, 8, 131071, 1, runs),
-        "qsa-prefill-8k" => qsa(ctx, preset, dt, 1, 0, 8192, runs),
-        "nsa-decode" => nsa(ctx, preset, dt, runs),
-        "qsa-attention-decode-128k" => attention(ctx, preset, dt, runs),
+        "qsa-decode-128k" => qsa(ctx, preset, dt, (1, 131071, 1), runs, hold),
+        "qsa-decode-128k-b8" => qsa(ctx, preset, dt, (8, 131071, 1), runs, hold),
+        "qsa-prefill-8k" => qsa(ctx, preset, dt, (1, 0, 8192), runs, hold),
+        "nsa-decode" => nsa(ctx, preset, dt, runs, hold),
+        "qsa-attention-decode-128k" => attention(ctx, preset, dt, runs, hold),
         _ => unreachable!("checked by the caller"),
     };
     match r {
@@ -207,10 +225,9 @@ fn qsa(
     ctx: &std::sync::Arc<Context>,
     preset: &str,
     dt: DType,
-    batch: usize,
-    cached: usize,
-    new: usize,
+    (batch, cached, new): (usize, usize, usize),
     runs: usize,
+    hold: Option<&ClockHold>,
 ) -> Result<Measure> {
     let total = cached + new;
     let mut cfg = IndexerConfig::qwen(dt, total, batch);
@@ -251,6 +268,7 @@ fn qsa(
         let (mut walls, mut stages) = (Vec::new(), Vec::new());
         for run in 0..WARMUP + runs {
             progress(preset, what, run, runs);
+            hold_before(ctx, hold, run)?;
             for (s, k) in keys.iter().enumerate() {
                 ix.append_keys(s, k)?;
             }
@@ -285,7 +303,13 @@ fn qsa(
 }
 
 /// NSA compressed attention + selection, paper geometry, c = 8192, one query token.
-fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> Result<Measure> {
+fn nsa(
+    ctx: &std::sync::Arc<Context>,
+    preset: &str,
+    dt: DType,
+    runs: usize,
+    hold: Option<&ClockHold>,
+) -> Result<Measure> {
     let (n1, n2, dqk, dv, c, page) = (64usize, 4usize, 192usize, 128usize, 8192usize, 128usize);
     let (l, d, lsel, k) = (32usize, 16usize, 64usize, 16usize);
     let pages = c.div_ceil(page);
@@ -340,7 +364,7 @@ fn nsa(ctx: &std::sync::Arc<Context>, preset: &str, dt: DType, runs: usize) -> R
         ctx,
         dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)?,
     )?;
-    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, timer| {
+    let (walls, stages) = timed_runs(ctx, preset, runs, hold, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
@@ -359,6 +383,7 @@ fn attention(
     preset: &str,
     dt: DType,
     runs: usize,
+    hold: Option<&ClockHold>,
 ) -> Result<Measure> {
     let (h, hkv, e, total, page, r, k) = (
         24usize,
@@ -444,7 +469,7 @@ fn attention(
     let names = ["route", "partial", "combine"];
     let steps = dispatch_attention(ctx, dt, &plan, &b)?;
     let bound = bind_stages(ctx, steps.into_iter().map(|(st, d)| (st.stage(names), d)))?;
-    let (walls, stages) = timed_runs(ctx, preset, runs, |enc, timer| {
+    let (walls, stages) = timed_runs(ctx, preset, runs, hold, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;

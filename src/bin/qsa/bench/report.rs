@@ -94,7 +94,7 @@ pub fn table(ctx: &Context, roof: &Roofline, all: &[Measure]) {
 }
 
 /// One JSON object: the adapter, its rooflines and every measure.
-pub fn json(ctx: &Context, roof: &Roofline, all: &[Measure]) -> Result<()> {
+pub fn json(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) -> Result<()> {
     let ms: Vec<serde_json::Value> = all
         .iter()
         .map(|m| {
@@ -121,6 +121,7 @@ pub fn json(ctx: &Context, roof: &Roofline, all: &[Measure]) -> Result<()> {
         "adapter": ctx.describe(),
         "backend": format!("{:?}", ctx.info.backend),
         "timestamps": ctx.caps.timestamps,
+        "clock_hold": clock_hold,
         "copy_gbs": roof.copy_gbs,
         "read_gbs": roof.read_gbs,
         "texture_read_gbs": roof.texture_read_gbs,
