@@ -191,7 +191,13 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
                 "[{}/{total}] {p} {dt}: setting up …",
                 i * dtypes.len() + j + 1
             );
-            let mut m = presets::measure(&ctx, p, dt, args.runs, hold.as_ref())?;
+            let mut m = presets::measure(&presets::Job {
+                ctx: &ctx,
+                preset: p,
+                dt,
+                runs: args.runs,
+                hold: hold.as_ref(),
+            })?;
             let secs = m.gpu_ms.unwrap_or(m.wall_median_ms) * 1e-3;
             m.gbs = m.bytes as f64 / secs / 1e9;
             m.gflops = m.flops as f64 / secs / 1e9;

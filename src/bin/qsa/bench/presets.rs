@@ -197,21 +197,39 @@ fn skipped(preset: &str, dt: DType, why: String) -> Measure {
     m
 }
 
-/// Sets up and times one preset in one type: `runs` timed runs after the warm-ups, each run
+/// One preset in one type to set up and time: `runs` timed runs after the warm-ups, each run
 /// preceded by the clock hold when `hold` is given.
-pub fn measure(
-    ctx: &std::sync::Arc<Context>,
-    preset: &str,
-    dt: DType,
-    runs: usize,
-    hold: Option<&ClockHold>,
-) -> Result<Measure> {
+#[derive(Clone, Copy)]
+pub struct Job<'a> {
+    pub ctx: &'a std::sync::Arc<Context>,
+    pub preset: &'a str,
+    pub dt: DType,
+    pub runs: usize,
+    pub hold: Option<&'a ClockHold>,
+}
+
+impl<'a> Job<'a> {
+    fn parts(
+        &self,
+    ) -> (
+        &'a std::sync::Arc<Context>,
+        &'a str,
+        DType,
+        usize,
+        Option<&'a ClockHold>,
+    ) {
+        (self.ctx, self.preset, self.dt, self.runs, self.hold)
+    }
+}
+
+pub fn measure(j: &Job) -> Result<Measure> {
+    let (preset, dt) = (j.preset, j.dt);
     let r = match preset {
-        "qsa-decode-128k" => qsa(ctx, preset, dt, (1, 131071, 1), runs, hold),
-        "qsa-decode-128k-b8" => qsa(ctx, preset, dt, (8, 131071, 1), runs, hold),
-        "qsa-prefill-8k" => qsa(ctx, preset, dt, (1, 0, 8192), runs, hold),
-        "nsa-decode" => nsa(ctx, preset, dt, runs, hold),
-        "qsa-attention-decode-128k" => attention(ctx, preset, dt, runs, hold),
+        "qsa-decode-128k" => qsa(j, (1, 131071, 1)),
+        "qsa-decode-128k-b8" => qsa(j, (8, 131071, 1)),
+        "qsa-prefill-8k" => qsa(j, (1, 0, 8192)),
+        "nsa-decode" => nsa(j),
+        "qsa-attention-decode-128k" => attention(j),
         _ => unreachable!("checked by the caller"),
     };
     match r {
@@ -221,14 +239,8 @@ pub fn measure(
 }
 
 /// QSA indexer step: `batch` sequences of `cached` tokens, `new` tokens each.
-fn qsa(
-    ctx: &std::sync::Arc<Context>,
-    preset: &str,
-    dt: DType,
-    (batch, cached, new): (usize, usize, usize),
-    runs: usize,
-    hold: Option<&ClockHold>,
-) -> Result<Measure> {
+fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> {
+    let (ctx, preset, dt, runs, hold) = j.parts();
     let total = cached + new;
     let mut cfg = IndexerConfig::qwen(dt, total, batch);
     cfg.max_step_tokens = batch * new;
@@ -303,13 +315,8 @@ fn qsa(
 }
 
 /// NSA compressed attention + selection, paper geometry, c = 8192, one query token.
-fn nsa(
-    ctx: &std::sync::Arc<Context>,
-    preset: &str,
-    dt: DType,
-    runs: usize,
-    hold: Option<&ClockHold>,
-) -> Result<Measure> {
+fn nsa(j: &Job) -> Result<Measure> {
+    let (ctx, preset, dt, runs, hold) = j.parts();
     let (n1, n2, dqk, dv, c, page) = (64usize, 4usize, 192usize, 128usize, 8192usize, 128usize);
     let (l, d, lsel, k) = (32usize, 16usize, 64usize, 16usize);
     let pages = c.div_ceil(page);
@@ -378,13 +385,8 @@ fn nsa(
 /// blocks of 4 tokens; the tail is empty there, as in the peer) from a 131072-token paged
 /// pool; H = 24, Hkv = 2, E = 256. The pool (256 MiB in bf16, 512 MiB in f32) lives in shards
 /// of whole pages, each within one storage binding.
-fn attention(
-    ctx: &std::sync::Arc<Context>,
-    preset: &str,
-    dt: DType,
-    runs: usize,
-    hold: Option<&ClockHold>,
-) -> Result<Measure> {
+fn attention(j: &Job) -> Result<Measure> {
+    let (ctx, preset, dt, runs, hold) = j.parts();
     let (h, hkv, e, total, page, r, k) = (
         24usize,
         2usize,
