@@ -173,11 +173,11 @@ pub fn plan_attention(
         p.phases = LANES as u32 / sg;
         p.cblocks = 1;
         // Unless the caller chose the splits: whole 64-entry units (batches of SG entries per
-        // subgroup), and on a CPU few workgroups, each subgroup then carrying its state over
-        // many tokens.
+        // subgroup), and on a CPU one workgroup per core, each subgroup then carrying its
+        // state over many tokens.
         if default_splits {
             let target = if unit == TILE {
-                SG_TARGET_GROUPS_CPU
+                sg_target_groups_cpu()
             } else {
                 TARGET_GROUPS
             };
