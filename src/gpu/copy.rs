@@ -172,7 +172,9 @@ async fn best_ms(ctx: &Context, d: Dispatch<'_>, runs: usize) -> Result<f64> {
 /// decode steps (~0.1 ms of work, then the host's turn) ran at the idle 345 MHz instead of
 /// 1980 MHz (docs/perf.md), which made every stage ~5× slower than in a serving loop, where
 /// the model's other layers keep the GPU busy. `run_for` runs the registers-only
-/// multiply-add probe (`arith`) back to back, waiting for each, for the time asked.
+/// multiply-add probe (`arith`) back to back, waiting for each, for the time asked. Native
+/// only: it waits on the device, which the browser cannot.
+#[cfg(not(target_arch = "wasm32"))]
 pub struct ClockHold {
     bound: Bound,
     prm: BenchCopyParams,
@@ -180,6 +182,7 @@ pub struct ClockHold {
     _buffers: [wgpu::Buffer; 2],
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 impl ClockHold {
     pub async fn new(ctx: &Context) -> Result<ClockHold> {
         let make = |label: &str| {
@@ -214,7 +217,6 @@ impl ClockHold {
 
     /// Runs the probe back to back, four dispatches a submission, for `ms` milliseconds of
     /// wall time (at least one submission).
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn run_for(&self, ctx: &Context, ms: f64) -> Result<()> {
         let t0 = Instant::now();
         loop {

@@ -9,7 +9,9 @@ mod timer;
 
 pub use buffers::{GpuTensor, Readback};
 pub use cache::{BindingKind, CachedPipeline, PipelineCache, PipelineKey};
-pub use copy::{roofline, BenchCopyParams, ClockHold, Roofline};
+#[cfg(not(target_arch = "wasm32"))]
+pub use copy::ClockHold;
+pub use copy::{roofline, BenchCopyParams, Roofline};
 pub use texture::{WordTexture, TEX_WIDTH};
 pub use timer::Timer;
 
