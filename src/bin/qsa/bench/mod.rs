@@ -226,7 +226,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     if args.json {
         report::json(&ctx, &roof, hold.is_some(), &all)?;
     } else {
-        report::table(&ctx, &roof, &all);
+        report::table(&ctx, &roof, hold.is_some(), &all);
     }
     if let Some(path) = &args.svg {
         report::svg(path, &ctx, &all)?;

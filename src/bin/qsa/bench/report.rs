@@ -43,8 +43,9 @@ pub fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// The table on stdout: one line per preset and type, then its stages.
-pub fn table(ctx: &Context, roof: &Roofline, all: &[Measure]) {
+pub fn table(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) {
     println!("adapter: {}", ctx.describe());
+    println!("clock hold: {}", if clock_hold { "on" } else { "off" });
     println!(
         "rooflines: copy {:.2} GB/s (read + write), read {:.2} GB/s (texture {}), f32 multiply-add {:.1} GFLOP/s",
         roof.copy_gbs,
