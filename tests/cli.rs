@@ -156,9 +156,10 @@ fn info_lists_adapter_and_limits() {
 
 #[test]
 fn bench_runs_the_peer_before_each_preset() {
-    // With the clock hold on (its work runs before each pass and run). A stand-in peer (a shell script in the peer's command-line and JSON shape) that logs
-    // its presets: `qsa bench --peer` runs it once per preset, just before our runs of that
-    // preset, and divides our wall median by its median.
+    // A stand-in peer (a shell script in the peer's command-line and JSON shape) that logs its
+    // presets: `qsa bench --peer` runs it once per preset, just before our runs of that preset,
+    // and divides our wall median by its median. The clock hold is on (its work runs before
+    // each pass and run).
     let script = tmp("peer.sh");
     let log = tmp("peer.log");
     let _ = std::fs::remove_file(&log);

@@ -133,12 +133,6 @@ fn norm_and_rope_by_hand() {
     }
 }
 
-/// The word kernel gives the element kernel's values, every type, rope source and norm setting,
-/// on shapes it takes; and it takes exactly the shapes of whole words. Both kernels do the same
-/// arithmetic in the same order, so on lavapipe and llvmpipe the bytes are equal; a driver may
-/// still contract a multiply and an add into one fused operation in one kernel and not in the
-/// other (NVIDIA's Vulkan driver does: docs/perf.md), so the check allows one rounding step of
-/// the storage type, far inside the operator's tolerance against the CPU.
 /// One rounding step of `dt` relative to the value (a few for f32), and a floor for values
 /// that a rotation cancels to near zero: a fused `a·c − b·s` differs from the unfused one by up
 /// to an f32 rounding step of each product, and the products here reach about 25.
@@ -151,6 +145,12 @@ fn rounding_step(dt: DType) -> Tol {
     Tol { abs: 1e-5, rel }
 }
 
+/// The word kernel gives the element kernel's values, every type, rope source and norm setting,
+/// on shapes it takes; and it takes exactly the shapes of whole words. Both kernels do the same
+/// arithmetic in the same order, so on lavapipe and llvmpipe the bytes are equal; a driver may
+/// still contract a multiply and an add into one fused operation in one kernel and not in the
+/// other (NVIDIA's Vulkan driver does: docs/perf.md), so the check allows one rounding step of
+/// the storage type, far inside the operator's tolerance against the CPU.
 #[test]
 fn word_kernel_matches_element_kernel() {
     let ctx = util::ctx();

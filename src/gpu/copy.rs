@@ -53,15 +53,10 @@ const FMA_GROUPS: u32 = 64;
 /// the best of `runs` after a warm-up.
 pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline> {
     let bytes = (bytes.min(ctx.limits.max_storage_buffer_binding_size) / 16).max(1) * 16;
-    let make = |label: &str| {
-        ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: bytes,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        })
-    };
-    let (src, dst) = (make("qsa.bench.src"), make("qsa.bench.dst"));
+    let (src, dst) = (
+        probe_buffer(ctx, "qsa.bench.src", bytes),
+        probe_buffer(ctx, "qsa.bench.dst", bytes),
+    );
     let words = (bytes / 16) as u32;
     let groups = words.div_ceil(256).min(4096);
     let walk = BenchCopyParams {
@@ -111,6 +106,16 @@ pub async fn roofline(ctx: &Context, bytes: u64, runs: usize) -> Result<Roofline
         texture_read_gbs: texture_read_ms.map(|ms| bytes as f64 / (ms * 1e-3) / 1e9),
         fma_gflops: flops / (fma_ms * 1e-3) / 1e9,
         timestamps: ctx.caps.timestamps,
+    })
+}
+
+/// A storage buffer of `bytes` for a probe to read or write.
+fn probe_buffer(ctx: &Context, label: &str, bytes: u64) -> wgpu::Buffer {
+    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
     })
 }
 
@@ -176,24 +181,18 @@ async fn best_ms(ctx: &Context, d: Dispatch<'_>, runs: usize) -> Result<f64> {
 /// only: it waits on the device, which the browser cannot.
 #[cfg(not(target_arch = "wasm32"))]
 pub struct ClockHold {
+    // The probe bound once (its bind group keeps its two small buffers alive).
     bound: Bound,
     prm: BenchCopyParams,
-    // The probe's bindings; it reads and writes nothing in them but they must stay alive.
-    _buffers: [wgpu::Buffer; 2],
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 impl ClockHold {
     pub async fn new(ctx: &Context) -> Result<ClockHold> {
-        let make = |label: &str| {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size: 4096,
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
-            })
-        };
-        let buffers = [make("qsa.bench.hold.src"), make("qsa.bench.hold.dst")];
+        let buffers = [
+            probe_buffer(ctx, "qsa.bench.hold.src", 4096),
+            probe_buffer(ctx, "qsa.bench.hold.dst", 4096),
+        ];
         // The roofline's probe: ~0.15 ms at an H200's full clock, so the host waits little
         // past the time asked.
         let prm = BenchCopyParams {
@@ -208,28 +207,17 @@ impl ClockHold {
             None,
         );
         let bound = Bound::new(ctx, &d).await?;
-        Ok(ClockHold {
-            bound,
-            prm,
-            _buffers: buffers,
-        })
+        Ok(ClockHold { bound, prm })
     }
 
-    /// Runs the probe back to back, four dispatches a submission, for `ms` milliseconds of
-    /// wall time (at least one submission).
+    /// Runs the probe back to back, four times the roofline's workgroups a submission, for
+    /// `ms` milliseconds of wall time (at least one submission).
     pub fn run_for(&self, ctx: &Context, ms: f64) -> Result<()> {
         let t0 = Instant::now();
         loop {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
-            for _ in 0..4 {
-                self.bound.record(
-                    ctx,
-                    &mut enc,
-                    bytemuck::bytes_of(&self.prm),
-                    FMA_GROUPS,
-                    None,
-                );
-            }
+            let prm = bytemuck::bytes_of(&self.prm);
+            self.bound.record(ctx, &mut enc, prm, 4 * FMA_GROUPS, None);
             pollster::block_on(ctx.submit("bench_hold", enc))?;
             ctx.wait()?;
             if t0.elapsed().as_secs_f64() * 1e3 >= ms {

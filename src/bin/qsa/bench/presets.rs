@@ -208,20 +208,6 @@ pub struct Job<'a> {
     pub hold: Option<&'a ClockHold>,
 }
 
-impl<'a> Job<'a> {
-    fn parts(
-        &self,
-    ) -> (
-        &'a std::sync::Arc<Context>,
-        &'a str,
-        DType,
-        usize,
-        Option<&'a ClockHold>,
-    ) {
-        (self.ctx, self.preset, self.dt, self.runs, self.hold)
-    }
-}
-
 pub fn measure(j: &Job) -> Result<Measure> {
     let (preset, dt) = (j.preset, j.dt);
     let r = match preset {
@@ -240,7 +226,13 @@ pub fn measure(j: &Job) -> Result<Measure> {
 
 /// QSA indexer step: `batch` sequences of `cached` tokens, `new` tokens each.
 fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> {
-    let (ctx, preset, dt, runs, hold) = j.parts();
+    let Job {
+        ctx,
+        preset,
+        dt,
+        runs,
+        hold,
+    } = *j;
     let total = cached + new;
     let mut cfg = IndexerConfig::qwen(dt, total, batch);
     cfg.max_step_tokens = batch * new;
@@ -316,7 +308,13 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
 
 /// NSA compressed attention + selection, paper geometry, c = 8192, one query token.
 fn nsa(j: &Job) -> Result<Measure> {
-    let (ctx, preset, dt, runs, hold) = j.parts();
+    let Job {
+        ctx,
+        preset,
+        dt,
+        runs,
+        hold,
+    } = *j;
     let (n1, n2, dqk, dv, c, page) = (64usize, 4usize, 192usize, 128usize, 8192usize, 128usize);
     let (l, d, lsel, k) = (32usize, 16usize, 64usize, 16usize);
     let pages = c.div_ceil(page);
@@ -386,7 +384,13 @@ fn nsa(j: &Job) -> Result<Measure> {
 /// pool; H = 24, Hkv = 2, E = 256. The pool (256 MiB in bf16, 512 MiB in f32) lives in shards
 /// of whole pages, each within one storage binding.
 fn attention(j: &Job) -> Result<Measure> {
-    let (ctx, preset, dt, runs, hold) = j.parts();
+    let Job {
+        ctx,
+        preset,
+        dt,
+        runs,
+        hold,
+    } = *j;
     let (h, hkv, e, total, page, r, k) = (
         24usize,
         2usize,
