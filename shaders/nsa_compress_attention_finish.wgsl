@@ -44,7 +44,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     // Parts of the splits with visible tokens (none on padding rows: a zero output).
     var nparts = 0u;
     if (fx[INFO_PAD] == 0u) {
-        nparts = (fx[INFO_VIS] + S2 - 1u) / S2 * parts_per_split();
+        nparts = (fx[INFO_VIS] + P.split2 - 1u) / P.split2 * parts_per_split();
     }
     let g = group_size();
     let nq = quads();

@@ -1,5 +1,5 @@
 // nsa_compress_attention (SPEC §8.1), stage 2 of 3: probabilities and values. One workgroup
-// per (query row r, KV head, split of S2 compressed tokens); the chunks of 16 query heads are
+// per (query row r, KV head, split of P.split2 compressed tokens); the chunks of 16 query heads are
 // taken one after another. Per chunk:
 //   1. each head's softmax max and sum over all visible tokens, merged from stage 1's splits;
 //   2. a tile of TILE tokens at a time: P_j = exp(x_j − max) / sum for the chunk's heads (the

@@ -2,17 +2,18 @@
 //! layouts over random geometries (ragged actual_q_len up to 16, causal mask on and off,
 //! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
 //! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows, and
-//! lengths around the GPU's split and tile sizes; the subgroup variants of the logits and values
+//! lengths around the GPU's split and tile sizes, every stage-2 split; the subgroup variants of the logits and values
 //! stages against the portable kernels.
 
 mod util;
 
+use qsa_wgpu::ops::nsa_compress_attention::NsaCompressAttentionParams;
 use qsa_wgpu::ops::nsa_compress_attention::{
     logits_subgroup_pass, nsel, values_subgroup_pass, Layout,
 };
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::DType;
-use util::nsa::{check, Geo, Problem};
+use util::nsa::{check, check_split, Geo, Problem};
 
 const TND: Layout = Layout::Tnd;
 const BSND: Layout = Layout::Bsnd;
@@ -393,4 +394,42 @@ fn subgroup_and_portable_kernels_agree() {
         }
     }
     assert_eq!(values_variant, 4, "shapes that take the values variant");
+}
+
+#[test]
+fn stage2_splits_agree() {
+    // Every stage-2 split (2048, 4096 and 8192 tokens per values workgroup: a GPU's and a CPU
+    // adapter's choices) against the CPU, at lengths just past each split and short of the
+    // largest, in f32 and bf16; two query rows of two KV heads. A split the shaders do not
+    // take is refused before anything runs, and the adapter's own choice is one that fits.
+    use qsa_wgpu::ops::nsa_compress_attention::{
+        gpu_with_split, loop_iterations, split2_for, validate, SPLITS2,
+    };
+    use qsa_wgpu::ops::sparse_attention::LLVMPIPE_LOOP_BUDGET;
+    let ctx = util::ctx();
+    let mut rng = Rng::new(0x52);
+    for (dt, cmp) in [(DType::F32, [2049, 8300]), (DType::BF16, [4097, 7000])] {
+        let mut geo = paper(dt, TND);
+        (geo.n1, geo.n2, geo.k) = (32, 2, 16);
+        let sel: Vec<usize> = cmp.iter().map(|&c| (c - 1) * 16 + 32).collect();
+        let p = Problem::new(&mut rng, geo, &[1, 1], &cmp, &sel);
+        for split in SPLITS2 {
+            check_split(&ctx, &p, &format!("{dt:?} split {split}"), Some(split));
+        }
+        let prm = validate(&p.inputs(), &p.attrs()).unwrap().params();
+        let chosen = split2_for(&ctx, &prm);
+        assert!(SPLITS2.contains(&chosen), "{chosen}");
+        let fits = |s: u32| {
+            let q = NsaCompressAttentionParams { split2: s, ..prm };
+            !(ctx.caps.llvmpipe && loop_iterations(&q) > LLVMPIPE_LOOP_BUDGET)
+        };
+        assert!(fits(chosen), "{chosen}");
+        if ctx.info.device_type != wgpu::DeviceType::Cpu {
+            assert_eq!(chosen, 2048);
+        }
+        let err = pollster::block_on(gpu_with_split(&ctx, &p.inputs(), &p.attrs(), Some(1024)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("split2 = 1024"), "{err}");
+    }
 }

@@ -34,11 +34,11 @@ fn values_work(id: u32, lid: u32) -> ValuesWork {
     let kv = id % P.n2;
     let s2 = (id / P.n2) % ns2;
     let r = id / (P.n2 * ns2);
-    let lo = s2 * S2;
-    let fx = row_facts(r, lid, lo, lo + S2, false);
+    let lo = s2 * P.split2;
+    let fx = row_facts(r, lid, lo, lo + P.split2, false);
     let vis = fx[INFO_VIS];
     let skip = fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis;
-    return ValuesWork(kv, s2, r, r * P.n2 + kv, lo, min(lo + S2, vis), vis, fx[INFO_B],
+    return ValuesWork(kv, s2, r, r * P.n2 + kv, lo, min(lo + P.split2, vis), vis, fx[INFO_B],
                       (vis + S1 - 1u) / S1, skip);
 }
 

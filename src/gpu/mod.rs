@@ -64,6 +64,21 @@ pub struct Context {
     pub(crate) dummy: wgpu::Buffer,
 }
 
+/// The host's CPU cores, read once per process (on Linux `available_parallelism` reads the
+/// affinity mask and cgroup files: not something to repeat for every planned call); 4 where it
+/// cannot be read and in the browser. A CPU adapter (lavapipe, SwiftShader) runs a workgroup on
+/// one of them, so plans for such adapters size their work splits by it.
+pub fn cpu_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| {
+        #[cfg(not(target_arch = "wasm32"))]
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        #[cfg(target_arch = "wasm32")]
+        let cores = 4;
+        cores.max(1)
+    })
+}
+
 /// Whether a GL context of version string `version` (GL_VERSION: "4.5 (Core Profile) Mesa …",
 /// "OpenGL ES 3.2 …", "3.3.0 NVIDIA …") runs compute shaders: OpenGL 4.3 or ES 3.1 and up.
 /// `None` when the string does not parse.

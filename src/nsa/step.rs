@@ -256,9 +256,10 @@ impl NsaSelector {
             w: nsel(c_max, c.l, c.d, c.lsel) as u32,
             causal: 1,
             scale: c.softmax_scale(),
-            _pad0: 0,
+            split2: 0,
             _pad1: 0,
-        };
+        }
+        .for_adapter(&ctx);
         let sel = prm.topk_params();
         let bufs = NsaAttnBuffers {
             query: &b.query.buffer,

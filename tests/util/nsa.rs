@@ -4,7 +4,7 @@
 
 use qsa_wgpu::gpu::Context;
 use qsa_wgpu::ops::nsa_compress_attention::{
-    gpu, reference, Layout, NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
+    gpu_with_split, reference, Layout, NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
     NsaCompressAttentionOutputs,
 };
 use qsa_wgpu::testing::{compare, compare_selection, Rng, Tol};
@@ -187,9 +187,25 @@ pub fn check(
     Vec<f32>,
     usize,
 ) {
+    check_split(ctx, p, what, None)
+}
+
+/// [`check`] with the GPU's stage-2 split given (`None`: the adapter's choice).
+pub fn check_split(
+    ctx: &Context,
+    p: &Problem,
+    what: &str,
+    split2: Option<u32>,
+) -> (
+    NsaCompressAttentionOutputs,
+    NsaCompressAttentionOutputs,
+    Vec<f32>,
+    usize,
+) {
     let (x, a) = (p.inputs(), p.attrs());
     let (want, scores) = reference(&x, &a).unwrap_or_else(|e| panic!("{what}: cpu: {e}"));
-    let got = pollster::block_on(gpu(ctx, &x, &a)).unwrap_or_else(|e| panic!("{what}: gpu: {e}"));
+    let got = pollster::block_on(gpu_with_split(ctx, &x, &a, split2))
+        .unwrap_or_else(|e| panic!("{what}: gpu: {e}"));
     compare(&got.out, &want.out, out_tol(p.geo.dt)).unwrap_or_else(|e| panic!("{what}: out: {e}"));
     let w = scores.len() / (p.query.numel() / p.geo.n1 / p.geo.dqk * p.geo.n2);
     let swaps = compare_selection(&got.topk, &want.topk, &scores, w, SCORE_TOL)

@@ -44,7 +44,9 @@ pub struct NsaCompressAttentionParams {
     pub w: u32,
     pub causal: u32,
     pub scale: f32,
-    pub _pad0: u32,
+    /// Compressed tokens per stage-2 (values) workgroup: one of [`SPLITS2`]. [`Plan::params`]
+    /// sets the GPU default, [`NsaCompressAttentionParams::for_adapter`] the adapter's choice.
+    pub split2: u32,
     pub _pad1: u32,
 }
 
@@ -91,7 +93,7 @@ impl Plan {
             w: self.w as u32,
             causal: self.causal as u32,
             scale: self.scale,
-            _pad0: 0,
+            split2: SPLIT2 as u32,
             _pad1: 0,
         }
     }
@@ -99,8 +101,44 @@ impl Plan {
 
 /// Tokens per stage-1 workgroup (`S1` in `shaders/common/nsa_attention.wgsl`).
 const SPLIT1: u64 = 1024;
-/// Tokens per stage-2 workgroup (`S2`).
+/// Tokens per stage-2 workgroup on a GPU, and the smallest split: the scratch is sized for it
+/// (a larger split has fewer output parts).
 const SPLIT2: u64 = 2048;
+/// The stage-2 splits a call may use ([`NsaCompressAttentionParams::split2`]).
+pub const SPLITS2: [u32; 3] = [2048, 4096, 8192];
+
+/// The stage-2 split for `prm` on this adapter. A GPU keeps 2048 tokens per workgroup, which
+/// fills its multiprocessors. A CPU adapter (lavapipe, SwiftShader) runs a workgroup on one
+/// thread: there the largest split that still leaves a workgroup per core wins, since the
+/// finishing stage then merges fewer output parts (at nsa-decode's 8192 tokens on 2 cores,
+/// 8192 instead of 2048 took the finishing stage from 0.74 to 0.33 ms on lavapipe). On
+/// llvmpipe a split must also keep the loops within its budget ([`loop_iterations`]).
+pub fn split2_for(ctx: &Context, prm: &NsaCompressAttentionParams) -> u32 {
+    if ctx.info.device_type != wgpu::DeviceType::Cpu {
+        return SPLIT2 as u32;
+    }
+    let cores = crate::gpu::cpu_cores() as u64;
+    let rows = prm.rows as u64 * prm.n2 as u64;
+    SPLITS2
+        .into_iter()
+        .rev()
+        .find(|&s| {
+            let p = NsaCompressAttentionParams { split2: s, ..*prm };
+            rows * (prm.c_max as u64).div_ceil(s as u64) >= cores
+                && !(ctx.caps.llvmpipe && loop_iterations(&p) > LLVMPIPE_LOOP_BUDGET)
+        })
+        .unwrap_or(SPLIT2 as u32)
+}
+
+impl NsaCompressAttentionParams {
+    /// These parameters with the stage-2 split [`split2_for`] chooses on this adapter.
+    pub fn for_adapter(self, ctx: &Context) -> Self {
+        NsaCompressAttentionParams {
+            split2: split2_for(ctx, &self),
+            ..self
+        }
+    }
+}
 /// Output channels per stage-2 invocation (`CT`), and that stage's workgroup size (`WG`).
 const CHANNELS: u64 = 16;
 const WG: u64 = 64;
@@ -109,7 +147,8 @@ const WG: u64 = 64;
 /// time (layout in `shaders/common/nsa_attention.wgsl`). With Q = ceil(G / 4) head quads: the
 /// logits `[R·N2, c_max, Q]`, the softmax statistics of each stage-1 split
 /// `[R·N2, ceil(G / 16), ceil(c_max / SPLIT1), 2, 4]` and the output parts of each stage-2 split
-/// `[R·N2, ceil(c_max / SPLIT2) · (WG / ceil(Dv / CHANNELS)), Dv, Q]`, each entry 4 words.
+/// `[R·N2, ceil(c_max / split2) · (WG / ceil(Dv / CHANNELS)), Dv, Q]`, each entry 4 words, sized
+/// here for the smallest split (`SPLIT2`), which has the most parts.
 pub fn scratch_words(prm: &NsaCompressAttentionParams) -> u64 {
     let (c, dv) = (prm.c_max as u64, prm.dv as u64);
     let g = (prm.n1 / prm.n2.max(1)) as u64;
@@ -128,9 +167,9 @@ const TILE: u64 = 128;
 
 /// Loop iterations one invocation runs at most in the worst of the three attention stages,
 /// as llvmpipe counts them (a loop of n iterations costs n + 1, nested loops once per entry).
-/// The splits bound the logits and values stages' per-invocation work (`SPLIT1`, `SPLIT2`
+/// The splits bound the logits and values stages' per-invocation work (`SPLIT1`, `split2`
 /// tokens per workgroup) except for the values stage's merge of the stage-1 statistics,
-/// ⌈c_max / SPLIT1⌉ per head chunk; the finishing stage sums ⌈c_max / SPLIT2⌉ · (WG /
+/// ⌈c_max / SPLIT1⌉ per head chunk; the finishing stage sums ⌈c_max / split2⌉ · (WG /
 /// ⌈Dv / CT⌉) output parts for each of its ⌈Dv · ⌈G/4⌉ / WG⌉ outputs, scores its share of the
 /// W selection blocks and checks the row's ⌈c_max / page⌉ block-table columns. A model from
 /// the shaders' loop structure (an upper bound), not a measurement: at the paper's G = 16,
@@ -145,12 +184,13 @@ pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
     let cols = |tokens: u64| tokens.div_ceil(page).div_ceil(WG) + 1;
     let logits =
         search + cols(SPLIT1) + dqk.div_ceil(DC) * (HC * DC / WG + 1 + DC + 1 + 1) + 1 + WG + 1;
-    let tiles = SPLIT2 / TILE;
+    let split2 = (p.split2 as u64).max(SPLIT2);
+    let tiles = split2 / TILE;
     let values = search
-        + cols(SPLIT2)
+        + cols(split2)
         + g.div_ceil(HC) * (c.div_ceil(SPLIT1) + 1 + tiles * (TILE / WG + 1 + TILE + 1) + 1 + 1)
         + 1;
-    let parts = c.div_ceil(SPLIT2) * (WG / dv.div_ceil(CHANNELS).max(1));
+    let parts = c.div_ceil(split2) * (WG / dv.div_ceil(CHANNELS).max(1));
     let blocks = ((p.lsel + p.l) / p.d.max(1)) as u64;
     let finish = search
         + cols(c)
@@ -269,6 +309,15 @@ pub fn dispatch_nsa_compress_attention<'a>(
     b: &NsaAttnBuffers<'a>,
 ) -> Result<Vec<(&'static str, Dispatch<'a>)>> {
     let bad = |what: &str, msg: String| Err(Error::input(OP, what, msg));
+    if !SPLITS2.contains(&prm.split2) {
+        return bad(
+            "params",
+            format!(
+                "split2 = {} is not one of {SPLITS2:?} (NsaCompressAttentionParams::for_adapter chooses one)",
+                prm.split2
+            ),
+        );
+    }
     let (limit, budget) = (LLVMPIPE_LOOP_LIMIT, LLVMPIPE_LOOP_BUDGET);
     if ctx.caps.llvmpipe && loop_iterations(prm) > budget {
         return bad(
@@ -341,7 +390,7 @@ pub fn dispatch_nsa_compress_attention<'a>(
     let c = prm.c_max as u64;
     let groups = [
         rows * g.div_ceil(16) * c.div_ceil(SPLIT1),
-        rows * c.div_ceil(SPLIT2),
+        rows * c.div_ceil(prm.split2 as u64),
         rows,
     ];
     if groups.iter().any(|&n| n > u32::MAX as u64) {
@@ -441,6 +490,17 @@ pub async fn gpu(
     x: &NsaCompressAttentionInputs<'_>,
     a: &NsaCompressAttentionAttrs,
 ) -> Result<NsaCompressAttentionOutputs> {
+    gpu_with_split(ctx, x, a, None).await
+}
+
+/// [`gpu`] with the stage-2 split given (one of [`SPLITS2`]) instead of chosen for the adapter
+/// (`None`): how the tests run every split on one adapter.
+pub async fn gpu_with_split(
+    ctx: &Context,
+    x: &NsaCompressAttentionInputs<'_>,
+    a: &NsaCompressAttentionAttrs,
+    split2: Option<u32>,
+) -> Result<NsaCompressAttentionOutputs> {
     let p = validate(x, a)?;
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, &format!("qsa.{OP}.{name}"), t);
     let query = up("query", x.query)?;
@@ -461,7 +521,14 @@ pub async fn gpu(
         &lens.buffer,
         &flags.buffer,
     );
-    encode_nsa_compress_attention(ctx, &mut enc, p.dt, &p.params(), &bufs).await?;
+    let prm = match split2 {
+        Some(split2) => NsaCompressAttentionParams {
+            split2,
+            ..p.params()
+        },
+        None => p.params().for_adapter(ctx),
+    };
+    encode_nsa_compress_attention(ctx, &mut enc, p.dt, &prm, &bufs).await?;
     ctx.submit(OP, enc).await?;
     let mut got = read_checked(ctx, OP, &[&t.out, &t.topk], &flags).await?;
     let topk = got.pop().unwrap();
@@ -490,7 +557,6 @@ mod tests {
             }
         };
         assert_eq!(constant("S1"), super::SPLIT1);
-        assert_eq!(constant("S2"), super::SPLIT2);
         assert_eq!(constant("CT"), super::CHANNELS);
         assert_eq!(constant("WG"), super::WG);
     }

@@ -11,9 +11,9 @@ mod validate;
 
 pub use cpu::{cpu, reference};
 pub use gpu::{
-    dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, logits_subgroup_pass,
-    loop_iterations, scratch_words, values_subgroup_pass, NsaAttnBuffers, NsaAttnTensors,
-    NsaCompressAttentionParams, STAGES,
+    dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, gpu_with_split,
+    logits_subgroup_pass, loop_iterations, scratch_words, split2_for, values_subgroup_pass,
+    NsaAttnBuffers, NsaAttnTensors, NsaCompressAttentionParams, SPLITS2, STAGES,
 };
 pub use validate::validate;
 

@@ -251,17 +251,8 @@ impl SparseAttentionParams {
 /// On the 2-core CI machine this is 2 (one per KV head of the attention preset): its partial
 /// pass took 2.96–3.49 ms against 3.37–4.31 ms with the earlier fixed 4 (f32, alternating
 /// runs), and 8 was slower still.
-/// The core count is read once per process (on Linux `available_parallelism` reads the
-/// affinity mask and cgroup files: not something to repeat for every planned call).
 pub fn sg_target_groups_cpu() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| {
-        #[cfg(not(target_arch = "wasm32"))]
-        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-        #[cfg(target_arch = "wasm32")]
-        let cores = 4;
-        cores.clamp(1, TARGET_GROUPS)
-    })
+    crate::gpu::cpu_cores().clamp(1, TARGET_GROUPS)
 }
 
 /// Largest K or V channel quads per lane of the subgroup pass (`QK`, `QV` in its shader).

@@ -346,7 +346,7 @@ fn nsa(j: &Job) -> Result<Measure> {
         causal_mask: false,
     };
     let p = nsa_validate(&x, &a)?;
-    let prm = p.params();
+    let prm = p.params().for_adapter(ctx);
     let up = |name: &str, t: &Tensor| GpuTensor::upload(ctx, name, t);
     let (gq, gk, gv) = (up("q", &query)?, up("k", &key)?, up("v", &value)?);
     let tab = p.table_words();
