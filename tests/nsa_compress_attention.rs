@@ -1,9 +1,9 @@
 //! nsa_compress_attention: GPU against the CPU reference for every storage type and both
 //! layouts over random geometries (ragged actual_q_len up to 16, causal mask on and off,
 //! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
-//! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows, and
-//! lengths around the GPU's split and tile sizes, every stage-2 split; the subgroup variants of the logits and values
-//! stages against the portable kernels.
+//! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows,
+//! lengths around the GPU's split and tile sizes, and every stage-2 split; the subgroup variants
+//! of the logits and values stages against the portable kernels.
 
 mod util;
 
