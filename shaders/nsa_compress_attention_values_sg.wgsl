@@ -1,15 +1,18 @@
 // nsa_compress_attention (SPEC §8.1), stage 2 of 3, subgroup variant: probabilities and values
 // as nsa_compress_attention_values.wgsl, for adapters whose subgroups are 8 lanes, where V rows
 // start on 16-byte boundaries and Dv takes 8 channel tiles (113 ≤ Dv ≤ 128, as NSA's 128).
-// Same bindings, work split, scratch records and psum; steps 1 and 2 are the same.
+// Same bindings, work split, scratch records and psum, and step 1 is the same.
 //
-// Step 3 differs in who reads what. Subgroup u takes part u of the tile (parts = subgroups =
-// 8) and lane sl its channel tile (CT = 16 channels), so all lanes of a subgroup work on the
-// same token. The portable kernel has every invocation read each token's probabilities and V
-// row offset from workgroup memory; on llvmpipe each such read is a loop over the lanes, and
-// there were more of them than V loads. Here the lanes read eight tokens' probabilities and
-// offsets at once, one token each, and subgroupShuffle (a single vector permute on llvmpipe)
-// hands each token's to every lane in turn.
+// Steps 2 and 3 are fused, with no tile in workgroup memory. Subgroup u takes part u of the
+// split (a run of whole batches of 8 tokens; parts = subgroups = 8) and lane sl its channel
+// tile (CT = 16 channels), so all lanes of a subgroup work on the same token. For each batch,
+// lane k computes token k's probabilities (adding the group's sum to psum, as step 2 does)
+// and V row offset itself, and subgroupShuffle (a single vector permute on llvmpipe) hands
+// each token's to every lane in turn. The portable kernel stages them in workgroup memory for
+// every invocation to read; on llvmpipe each such write and read is a loop over the lanes, and
+// with the tile's two barriers that round trip cost more than the V loads. Each token's
+// probabilities are still computed once, in the same order, so psum and the parts' products
+// are the same values.
 
 //#include common/dtype.wgsl
 //#include common/flags.wgsl
@@ -40,8 +43,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let part = sub;
     let cb = sl * CT;  // first channel of this invocation
 
+    // This part's tokens t_lo … t_hi − 1: whole batches of 8 (the last part may be short or
+    // empty).
+    let n = w.hi - w.lo;
+    let per = (n + nparts * 8u - 1u) / (nparts * 8u) * 8u;
+    let t_lo = w.lo + min(part * per, n);
+    let t_hi = w.lo + min(part * per + per, n);
+    let ps_row = rk * P.c_max;
+
     for (var hc = 0u; hc < head_chunks(); hc++) {
         let nq = min(4u, quads() - hc * 4u);
+        let h0 = hc * HC;
         // 1. Softmax max and sum of each head of the chunk.
         let st = chunk_stats(lid, rk, hc, nq, w.ns1);
         var a0 = mat4x4<f32>();
@@ -60,46 +72,52 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         var a13 = mat4x4<f32>();
         var a14 = mat4x4<f32>();
         var a15 = mat4x4<f32>();
-        for (var t0 = w.lo; t0 < w.hi; t0 += TILE) {
-            let nt = min(TILE, w.hi - t0);
-            workgroupBarrier();
-            // 2. Probabilities of the tile's tokens.
-            tile_probs(lid, t0, nt, rk, w.kv, w.b, hc, nq, g, st);
-            workgroupBarrier();
-            // 3. round_T(P)·V over this subgroup's part of the tile, eight tokens at a time:
-            // lane k reads token jj0 + k's P and V row offset; each token's go to every lane
+        for (var j0 = t_lo; j0 < t_hi; j0 += 8u) {
+            // 2. Lane sl's token j: P of the chunk's heads (0 past the group), the group's sum
+            // of P into psum (added over the chunks), round_T(P) and its V row offset. Lanes
+            // past the part read its last token and write nothing.
+            let j = min(j0 + sl, t_hi - 1u);
+            let xa = logits_at(rk) + j * quads() + hc * 4u;
+            var p = mat4x4<f32>();
+            p[0] = probs(scratch[xa], st[0], st[4], 0u, h0, g);
+            if (nq > 1u) { p[1] = probs(scratch[xa + 1u], st[1], st[5], 1u, h0, g); }
+            if (nq > 2u) { p[2] = probs(scratch[xa + 2u], st[2], st[6], 2u, h0, g); }
+            if (nq > 3u) { p[3] = probs(scratch[xa + 3u], st[3], st[7], 3u, h0, g); }
+            if (j0 + sl < t_hi) {
+                // The group's sum of P, in head order.
+                let sum = add4(add4(add4(add4(0.0, p[0]), p[1]), p[2]), p[3]);
+                if (hc == 0u) {
+                    psum[ps_row + j] = sum;
+                } else {
+                    psum[ps_row + j] += sum;
+                }
+            }
+            let pl = mat4x4<f32>(t_round4(p[0]), t_round4(p[1]), t_round4(p[2]), t_round4(p[3]));
+            let vl = (cache_row(w.b, j) * P.n2 + w.kv) * P.dv;
+            // 3. round_T(P)·V, token by token: each token's P and row offset go to every lane
             // by subgroupShuffle. Channel groups past Dv read the row's last group and are
             // dropped.
-            {
-                let per = TILE / nparts;
-                let end = min(nt, part * per + per);
-                for (var jj0 = part * per; jj0 < end; jj0 += 8u) {
-                    let mine = min(jj0 + sl, end - 1u);
-                    let pl = tile_p(mine);
-                    let vl = vrow[mine];
-                    for (var k = 0u; k < min(8u, end - jj0); k++) {
-                        let p = mat4x4<f32>(subgroupShuffle(pl[0], k), subgroupShuffle(pl[1], k),
-                                            subgroupShuffle(pl[2], k), subgroupShuffle(pl[3], k));
-                        let vb = subgroupShuffle(vl, k);
-                        let v = v_row16(vb, cb);
-                        a0 += p * v[0].x;
-                        a1 += p * v[0].y;
-                        a2 += p * v[0].z;
-                        a3 += p * v[0].w;
-                        a4 += p * v[1].x;
-                        a5 += p * v[1].y;
-                        a6 += p * v[1].z;
-                        a7 += p * v[1].w;
-                        a8 += p * v[2].x;
-                        a9 += p * v[2].y;
-                        a10 += p * v[2].z;
-                        a11 += p * v[2].w;
-                        a12 += p * v[3].x;
-                        a13 += p * v[3].y;
-                        a14 += p * v[3].z;
-                        a15 += p * v[3].w;
-                    }
-                }
+            for (var k = 0u; k < min(8u, t_hi - j0); k++) {
+                let pk = mat4x4<f32>(subgroupShuffle(pl[0], k), subgroupShuffle(pl[1], k),
+                                     subgroupShuffle(pl[2], k), subgroupShuffle(pl[3], k));
+                let vb = subgroupShuffle(vl, k);
+                let v = v_row16(vb, cb);
+                a0 += pk * v[0].x;
+                a1 += pk * v[0].y;
+                a2 += pk * v[0].z;
+                a3 += pk * v[0].w;
+                a4 += pk * v[1].x;
+                a5 += pk * v[1].y;
+                a6 += pk * v[1].z;
+                a7 += pk * v[1].w;
+                a8 += pk * v[2].x;
+                a9 += pk * v[2].y;
+                a10 += pk * v[2].z;
+                a11 += pk * v[2].w;
+                a12 += pk * v[3].x;
+                a13 += pk * v[3].y;
+                a14 += pk * v[3].z;
+                a15 += pk * v[3].w;
             }
         }
         // This invocation's part of the split, for each head of the chunk.
