@@ -105,6 +105,20 @@ fn load_jumps(@builtin(global_invocation_id) g: vec3<u32>) {
     fin(acc, g.x);
 }
 
+// 16-byte loads over 1 KiB rows picked at random (a sparse attention pass's K and V rows): the
+// 8 lanes of a subgroup on one row, neighbouring lanes on neighbouring words, 8 loads a row.
+@compute @workgroup_size(64)
+fn load_random_rows(@builtin(global_invocation_id) g: vec3<u32>) {
+    let sub = g.x / 8u;
+    let lane = g.x % 8u;
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        let row = ((sub * 1024u + i / 8u) * 2654435761u) >> 16u;  // one of 65536 rows: 64 MiB
+        acc += src[(row * 64u + (i % 8u) * 8u + lane) & MASK];
+    }
+    fin(acc, g.x);
+}
+
 // The same 16-byte word in every invocation (an address the loop computes).
 @compute @workgroup_size(64)
 fn load_same(@builtin(global_invocation_id) g: vec3<u32>) {
@@ -179,6 +193,10 @@ const ENTRIES: &[(&str, &str)] = &[
     ("load_rows_4b", "4-byte load, own row per invocation"),
     ("load_rows_32b", "two neighbouring 16-byte loads, own rows"),
     ("load_jumps", "16-byte load, neighbours, 64 KiB jumps"),
+    (
+        "load_random_rows",
+        "16-byte load, neighbours, random 1 KiB rows",
+    ),
     ("load_same", "16-byte load, same address in all"),
     ("workgroup_read", "16-byte workgroup read, same in all"),
     ("private_index", "private array, index from the loop"),
