@@ -287,11 +287,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     //    lane's exp for its own token: the softmax work is spread over the lanes rather than
     //    repeated by each. 3. The V rows, each token's weights taken from its lane
     //    (subgroupShuffle).
+    var tk = 0u;  // the touched words (kept only so that the loads stay)
     for (var i0 = sub * SG; i0 < n; i0 += subs * SG) {
+        // Lane b reads token b's row offset, which subgroupShuffle hands to every lane for
+        // the K and V loops (a load there would be a loop over the lanes, twice per token).
+        // Then it touches that token's K and V rows (two words 128 bytes apart in each), so
+        // that the batch's cache misses overlap instead of coming one row at a time.
+        let rb = routes[first + min(i0 + sl, n - 1u)] + kh * pool_dim();
+        if (VEC != 0u) {
+            let sh = select(3u, 2u, T_KIND == 0u);  // elements per 16-byte word: 4 or 8
+            let kw = (rb + P.k_off) >> sh;
+            let vw = (rb + P.v_off) >> sh;
+            let kl = ((e + (1u << sh) - 1u) >> sh) - 1u;   // the rows' last words
+            let vl = ((ev + (1u << sh) - 1u) >> sh) - 1u;
+            tk |= pool[kw].x | pool[kw + min(8u, kl)].x | pool[vw].x | pool[vw + min(8u, vl)].x;
+        }
         var mine = mat4x4<f32>(vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW));
         for (var b = 0u; b < SG; b++) {
             let i = i0 + b;
-            let kr = routes[first + min(i, n - 1u)] + kh * pool_dim() + P.k_off;
+            let kr = subgroupShuffle(rb, b) + P.k_off;
             var z = mat4x4<f32>();
             if (QK > 0u) { z = qk(z, ld_quad(kr, 4u * sl, e), q00, q01, q02, q03); }
             if (QK > 1u) { z = qk(z, ld_quad(kr, 4u * (sl + SG), e), q10, q11, q12, q13); }
@@ -372,8 +386,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if (HQ > 3u) { a73 = rescale(a73, al[3]); }
         }
         for (var b = 0u; b < SG; b++) {
-            let i = i0 + b;
-            let vr = routes[first + min(i, n - 1u)] + kh * pool_dim() + P.v_off;
+            let vr = subgroupShuffle(rb, b) + P.v_off;
             // Token b's weights (0 past the list: its lane kept LOW scores).
             let p0 = subgroupShuffle(p[0], b);
             var p1 = vec4<f32>();
@@ -498,6 +511,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a71); }
         if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a72); }
         if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a73); }
+    }
+    if (tk == 0x7fc00001u && n == 0u) {
+        part[0] = vec4<f32>();  // never: with n = 0 nothing was touched
     }
     if (sl == 0u) {
         put_acc(base, nsub, 0u, hc, rs, v4, ml_rec(m[0], l[0]));
