@@ -53,7 +53,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
     for (var hc = 0u; hc < head_chunks(); hc++) {
         let nq = min(4u, quads() - hc * 4u);
-        let h0 = hc * HC;
         // 1. Softmax max and sum of each head of the chunk.
         let st = chunk_stats(lid, rk, hc, nq, w.ns1);
         var a0 = mat4x4<f32>();
@@ -77,20 +76,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             // of P into psum (added over the chunks), round_T(P) and its V row offset. Lanes
             // past the part read its last token and write nothing.
             let j = min(j0 + sl, t_hi - 1u);
-            let xa = logits_at(rk) + j * quads() + hc * 4u;
-            var p = mat4x4<f32>();
-            p[0] = probs(scratch[xa], st[0], st[4], 0u, h0, g);
-            if (nq > 1u) { p[1] = probs(scratch[xa + 1u], st[1], st[5], 1u, h0, g); }
-            if (nq > 2u) { p[2] = probs(scratch[xa + 2u], st[2], st[6], 2u, h0, g); }
-            if (nq > 3u) { p[3] = probs(scratch[xa + 3u], st[3], st[7], 3u, h0, g); }
+            let p = token_probs(rk, j, hc, nq, g, st);
             if (j0 + sl < t_hi) {
-                // The group's sum of P, in head order.
-                let sum = add4(add4(add4(add4(0.0, p[0]), p[1]), p[2]), p[3]);
-                if (hc == 0u) {
-                    psum[ps_row + j] = sum;
-                } else {
-                    psum[ps_row + j] += sum;
-                }
+                add_psum(ps_row + j, hc, p);
             }
             let pl = mat4x4<f32>(t_round4(p[0]), t_round4(p[1]), t_round4(p[2]), t_round4(p[3]));
             let vl = (cache_row(w.b, j) * P.n2 + w.kv) * P.dv;

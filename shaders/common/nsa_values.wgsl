@@ -103,28 +103,41 @@ fn chunk_stats(lid: u32, rk: u32, hc: u32, nq: u32, ns1: u32) -> array<vec4<f32>
                                hstat[6], hstat[7]);
 }
 
+// P of token j's heads in chunk hc (nq quads; 0 past the group), from the logits and the
+// chunk's max and sum (st: chunk_stats).
+fn token_probs(rk: u32, j: u32, hc: u32, nq: u32, g: u32, st: array<vec4<f32>, 8>)
+    -> mat4x4<f32> {
+    let h0 = hc * HC;
+    let xa = logits_at(rk) + j * quads() + hc * 4u;
+    var p = mat4x4<f32>();
+    p[0] = probs(scratch[xa], st[0], st[4], 0u, h0, g);
+    if (nq > 1u) { p[1] = probs(scratch[xa + 1u], st[1], st[5], 1u, h0, g); }
+    if (nq > 2u) { p[2] = probs(scratch[xa + 2u], st[2], st[6], 2u, h0, g); }
+    if (nq > 3u) { p[3] = probs(scratch[xa + 3u], st[3], st[7], 3u, h0, g); }
+    return p;
+}
+
+// The group's sum of P (chunk hc's heads, in head order) into psum element i: stored by the
+// first chunk, added by the others.
+fn add_psum(i: u32, hc: u32, p: mat4x4<f32>) {
+    let sum = add4(add4(add4(add4(0.0, p[0]), p[1]), p[2]), p[3]);
+    if (hc == 0u) {
+        psum[i] = sum;
+    } else {
+        psum[i] += sum;
+    }
+}
+
 // Step 2 for the tokens t0 … t0 + nt − 1 of the tile (an invocation every WG): P of the
 // chunk's heads (0 past the group), the group's sum of P into psum (added over the chunks),
 // round_T(P) into pt (bf16: pb) and each token's V row offset into vrow. st: chunk_stats.
 fn tile_probs(lid: u32, t0: u32, nt: u32, rk: u32, kv: u32, b: u32, hc: u32, nq: u32,
               g: u32, st: array<vec4<f32>, 8>) {
-    let h0 = hc * HC;
     let ps_row = rk * P.c_max;
     for (var jj = lid; jj < nt; jj += WG) {
         let j = t0 + jj;
-        let xa = logits_at(rk) + j * quads() + hc * 4u;
-        var p = mat4x4<f32>();
-        p[0] = probs(scratch[xa], st[0], st[4], 0u, h0, g);
-        if (nq > 1u) { p[1] = probs(scratch[xa + 1u], st[1], st[5], 1u, h0, g); }
-        if (nq > 2u) { p[2] = probs(scratch[xa + 2u], st[2], st[6], 2u, h0, g); }
-        if (nq > 3u) { p[3] = probs(scratch[xa + 3u], st[3], st[7], 3u, h0, g); }
-        // The group's sum of P, in head order.
-        let sum = add4(add4(add4(add4(0.0, p[0]), p[1]), p[2]), p[3]);
-        if (hc == 0u) {
-            psum[ps_row + j] = sum;
-        } else {
-            psum[ps_row + j] += sum;
-        }
+        let p = token_probs(rk, j, hc, nq, g, st);
+        add_psum(ps_row + j, hc, p);
         if (T_KIND == 2u) {
             pb[2u * jj] = vec4<u32>(bf16_pairs(p[0]), bf16_pairs(p[1]));
             pb[2u * jj + 1u] = vec4<u32>(bf16_pairs(p[2]), bf16_pairs(p[3]));
