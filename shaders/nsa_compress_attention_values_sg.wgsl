@@ -54,7 +54,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var hc = 0u; hc < head_chunks(); hc++) {
         let nq = min(4u, quads() - hc * 4u);
         // 1. Softmax max and sum of each head of the chunk.
-        let st = chunk_stats(lid, rk, hc, nq, w.ns1);
+        let st = chunk_stats_local(rk, hc, nq, w.ns1);
         var a0 = mat4x4<f32>();
         var a1 = mat4x4<f32>();
         var a2 = mat4x4<f32>();
@@ -128,6 +128,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             store_part(a14, cb + 14u, at, nq);
             store_part(a15, cb + 15u, at, nq);
         }
-        workgroupBarrier();
     }
 }

@@ -81,26 +81,46 @@ fn probs(x: vec4<f32>, m: vec4<f32>, l: vec4<f32>, i: u32, h0: u32, g: u32) -> v
     return select(vec4<f32>(0.0), p, h < vec4<u32>(g));
 }
 
+// The softmax max and sum of head quad i of chunk hc of (query row, KV head) rk, merged from
+// the ns1 stage-1 splits in split order; (0, 1) for a quad past the chunk's nq.
+fn quad_stats(rk: u32, hc: u32, i: u32, nq: u32, ns1: u32) -> array<vec4<f32>, 2> {
+    var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(1.0));
+    if (i < nq) {
+        ms[1] = vec4<f32>(0.0);
+        for (var s = 0u; s < ns1; s++) {
+            let st = stats_at(rk) + (hc * splits1() + s) * 8u + i;
+            ms = merge4(ms[0], ms[1], scratch[st], scratch[st + 4u]);
+        }
+    }
+    return ms;
+}
+
 // Step 1: the softmax max (quads 0 … 3) and sum (4 … 7) of each head of chunk hc of (query
-// row, KV head) rk, merged from the ns1 stage-1 splits by invocations 0 … 3, then handed to
-// every invocation in registers (a workgroup read in the token loop is a loop over the lanes
-// on llvmpipe). Workgroup-uniform control flow only (a barrier).
+// row, KV head) rk, merged by invocations 0 … 3, then handed to every invocation in registers
+// (a workgroup read in the token loop is a loop over the lanes on llvmpipe). Workgroup-uniform
+// control flow only (a barrier).
 fn chunk_stats(lid: u32, rk: u32, hc: u32, nq: u32, ns1: u32) -> array<vec4<f32>, 8> {
     if (lid < 4u) {
-        var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(1.0));
-        if (lid < nq) {
-            ms[1] = vec4<f32>(0.0);
-            for (var s = 0u; s < ns1; s++) {
-                let st = stats_at(rk) + (hc * splits1() + s) * 8u + lid;
-                ms = merge4(ms[0], ms[1], scratch[st], scratch[st + 4u]);
-            }
-        }
+        let ms = quad_stats(rk, hc, lid, nq, ns1);
         hstat[lid] = ms[0];
         hstat[4u + lid] = ms[1];
     }
     workgroupBarrier();
     return array<vec4<f32>, 8>(hstat[0], hstat[1], hstat[2], hstat[3], hstat[4], hstat[5],
                                hstat[6], hstat[7]);
+}
+
+// chunk_stats without workgroup memory or a barrier: every invocation merges the four quads
+// itself (the same merges in the same order, so the same values). For a kernel whose token loop
+// must stay free of barriers: on llvmpipe a barrier in a loop makes the shader's state live
+// across a coroutine suspension, so LLVM keeps it in memory, the lane loops of the loads
+// included.
+fn chunk_stats_local(rk: u32, hc: u32, nq: u32, ns1: u32) -> array<vec4<f32>, 8> {
+    let q0 = quad_stats(rk, hc, 0u, nq, ns1);
+    let q1 = quad_stats(rk, hc, 1u, nq, ns1);
+    let q2 = quad_stats(rk, hc, 2u, nq, ns1);
+    let q3 = quad_stats(rk, hc, 3u, nq, ns1);
+    return array<vec4<f32>, 8>(q0[0], q1[0], q2[0], q3[0], q0[1], q1[1], q2[1], q3[1]);
 }
 
 // P of token j's heads in chunk hc (nq quads; 0 past the group), from the logits and the
