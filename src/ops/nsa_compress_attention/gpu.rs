@@ -169,9 +169,10 @@ const TILE: u64 = 128;
 /// as llvmpipe counts them (a loop of n iterations costs n + 1, nested loops once per entry).
 /// The splits bound the logits and values stages' per-invocation work (`SPLIT1`, `split2`
 /// tokens per workgroup) except for the values stage's merge of the stage-1 statistics,
-/// ⌈c_max / SPLIT1⌉ per head chunk; the finishing stage sums ⌈c_max / split2⌉ · (WG /
-/// ⌈Dv / CT⌉) output parts for each of its ⌈Dv · ⌈G/4⌉ / WG⌉ outputs, scores its share of the
-/// W selection blocks and checks the row's ⌈c_max / page⌉ block-table columns. A model from
+/// ⌈c_max / SPLIT1⌉ per head chunk (four times over in the subgroup variant); the finishing
+/// stage sums ⌈c_max / split2⌉ · (WG / ⌈Dv / CT⌉) output parts for each of its
+/// ⌈Dv · ⌈G/4⌉ / WG⌉ outputs, scores its share of the W selection blocks and checks the row's
+/// ⌈c_max / page⌉ block-table columns. A model from
 /// the shaders' loop structure (an upper bound), not a measurement: at the paper's G = 16,
 /// Dqk = 192, Dv = 128, l = 32, d = 16, l' = 64 it passes the budget only past about 808K
 /// compressed tokens at page 1 (1.02M at page 128), the finishing stage's loops setting it.
@@ -186,10 +187,13 @@ pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
         search + cols(SPLIT1) + dqk.div_ceil(DC) * (HC * DC / WG + 1 + DC + 1 + 1) + 1 + WG + 1;
     let split2 = (p.split2 as u64).max(SPLIT2);
     let tiles = split2 / TILE;
-    let values = search
-        + cols(split2)
-        + g.div_ceil(HC) * (c.div_ceil(SPLIT1) + 1 + tiles * (TILE / WG + 1 + TILE + 1) + 1 + 1)
-        + 1;
+    // Per head chunk: the portable kernel's merge of the stage-1 statistics and its tiles; the
+    // subgroup variant's merge in every invocation (4 quads) and its part's batches of 8
+    // tokens (a part is an eighth of the split).
+    let ns1 = c.div_ceil(SPLIT1);
+    let portable = ns1 + 1 + tiles * (TILE / WG + 1 + TILE + 1) + 1;
+    let subgroup = 4 * (ns1 + 1) + (split2 / 64 + 1) * (8 + 1) + 1;
+    let values = search + cols(split2) + g.div_ceil(HC) * (portable.max(subgroup) + 1) + 1;
     let parts = c.div_ceil(split2) * (WG / dv.div_ceil(CHANNELS).max(1));
     let blocks = ((p.lsel + p.l) / p.d.max(1)) as u64;
     let finish = search
