@@ -288,6 +288,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     //    repeated by each. 3. The V rows, each token's weights taken from its lane
     //    (subgroupShuffle).
     var tk = 0u;  // the touched words (kept only so that the loads stay)
+    let sh = select(3u, 2u, T_KIND == 0u);  // log2 of the elements per 16-byte word: 4 or 8
+    let kl = ((e + (1u << sh) - 1u) >> sh) - 1u;   // the K and V rows' last words
+    let vl = ((ev + (1u << sh) - 1u) >> sh) - 1u;
     for (var i0 = sub * SG; i0 < n; i0 += subs * SG) {
         // Lane b reads token b's row offset, which subgroupShuffle hands to every lane for
         // the K and V loops (a load there would be a loop over the lanes, twice per token).
@@ -295,11 +298,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         // that the batch's cache misses overlap instead of coming one row at a time.
         let rb = routes[first + min(i0 + sl, n - 1u)] + kh * pool_dim();
         if (VEC != 0u) {
-            let sh = select(3u, 2u, T_KIND == 0u);  // elements per 16-byte word: 4 or 8
             let kw = (rb + P.k_off) >> sh;
             let vw = (rb + P.v_off) >> sh;
-            let kl = ((e + (1u << sh) - 1u) >> sh) - 1u;   // the rows' last words
-            let vl = ((ev + (1u << sh) - 1u) >> sh) - 1u;
             tk |= pool[kw].x | pool[kw + min(8u, kl)].x | pool[vw].x | pool[vw + min(8u, vl)].x;
         }
         var mine = mat4x4<f32>(vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW));

@@ -101,11 +101,11 @@ impl Plan {
 
 /// Tokens per stage-1 workgroup (`S1` in `shaders/common/nsa_attention.wgsl`).
 const SPLIT1: u64 = 1024;
+/// The stage-2 splits a call may use ([`NsaCompressAttentionParams::split2`]), smallest first.
+pub const SPLITS2: [u32; 3] = [2048, 4096, 8192];
 /// Tokens per stage-2 workgroup on a GPU, and the smallest split: the scratch is sized for it
 /// (a larger split has fewer output parts).
-const SPLIT2: u64 = 2048;
-/// The stage-2 splits a call may use ([`NsaCompressAttentionParams::split2`]).
-pub const SPLITS2: [u32; 3] = [2048, 4096, 8192];
+const SPLIT2: u64 = SPLITS2[0] as u64;
 
 /// The stage-2 split for `prm` on this adapter. A GPU keeps 2048 tokens per workgroup, which
 /// fills its multiprocessors. A CPU adapter (lavapipe, SwiftShader) runs a workgroup on one
@@ -124,10 +124,14 @@ pub fn split2_for(ctx: &Context, prm: &NsaCompressAttentionParams) -> u32 {
         .rev()
         .find(|&s| {
             let p = NsaCompressAttentionParams { split2: s, ..*prm };
-            rows * (prm.c_max as u64).div_ceil(s as u64) >= cores
-                && !(ctx.caps.llvmpipe && loop_iterations(&p) > LLVMPIPE_LOOP_BUDGET)
+            rows * (prm.c_max as u64).div_ceil(s as u64) >= cores && !over_loop_budget(ctx, &p)
         })
         .unwrap_or(SPLIT2 as u32)
+}
+
+/// Whether `p` would run past llvmpipe's loop budget on this adapter ([`loop_iterations`]).
+fn over_loop_budget(ctx: &Context, p: &NsaCompressAttentionParams) -> bool {
+    ctx.caps.llvmpipe && loop_iterations(p) > LLVMPIPE_LOOP_BUDGET
 }
 
 impl NsaCompressAttentionParams {
@@ -322,12 +326,11 @@ pub fn dispatch_nsa_compress_attention<'a>(
             ),
         );
     }
-    let (limit, budget) = (LLVMPIPE_LOOP_LIMIT, LLVMPIPE_LOOP_BUDGET);
-    if ctx.caps.llvmpipe && loop_iterations(prm) > budget {
+    if over_loop_budget(ctx, prm) {
         return bad(
             "actual_cmp_kv_len",
             format!(
-                "{} compressed tokens with G = {} and Dqk = {} need up to {} loop iterations per invocation; llvmpipe stops loops after {limit}",
+                "{} compressed tokens with G = {} and Dqk = {} need up to {} loop iterations per invocation; llvmpipe stops loops after {LLVMPIPE_LOOP_LIMIT}",
                 prm.c_max,
                 prm.n1 / prm.n2.max(1),
                 prm.dqk,

@@ -157,9 +157,10 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         ClockHoldMode::On => true,
         ClockHoldMode::Off => false,
     };
-    let hold = match on {
-        true => Some(pollster::block_on(ClockHold::new(&ctx))?),
-        false => None,
+    let hold = if on {
+        Some(pollster::block_on(ClockHold::new(&ctx))?)
+    } else {
+        None
     };
     eprintln!(
         "clock hold: {}",

@@ -63,15 +63,12 @@ type Runs = (Vec<f64>, Vec<Vec<(&'static str, f64)>>);
 /// idle, as a caller runs it: timestamp queries cost lavapipe ~0.2 ms a step), then, when the
 /// adapter has them, with the stages' timestamp spans for their GPU times.
 fn timed_runs(
-    ctx: &Context,
-    preset: &str,
-    runs: usize,
-    hold: Option<&ClockHold>,
+    j: &Job,
     mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
-    let (walls, _) = timed_pass(ctx, preset, runs, hold, None, &mut record)?;
-    let stages = match Timer::new(ctx, 64) {
-        Some(t) => timed_pass(ctx, preset, runs, hold, Some(t), &mut record)?.1,
+    let (walls, _) = timed_pass(j, None, &mut record)?;
+    let stages = match Timer::new(j.ctx, 64) {
+        Some(t) => timed_pass(j, Some(t), &mut record)?.1,
         None => Vec::new(),
     };
     Ok((walls, stages))
@@ -79,18 +76,18 @@ fn timed_runs(
 
 /// One pass of [`timed_runs`], with `timer` or without.
 fn timed_pass(
-    ctx: &Context,
-    preset: &str,
-    runs: usize,
-    hold: Option<&ClockHold>,
+    j: &Job,
     mut timer: Option<Timer>,
     record: &mut impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
+    let Job {
+        ctx, preset, runs, ..
+    } = *j;
     let what = if timer.is_some() { "stages" } else { "wall" };
     let (mut walls, mut stages) = (Vec::new(), Vec::new());
     for run in 0..WARMUP + runs {
         progress(preset, what, run, runs);
-        hold_before(ctx, hold, run)?;
+        hold_before(ctx, j.hold, run)?;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         if let Some(t) = &mut timer {
             t.clear();
@@ -308,13 +305,7 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
 
 /// NSA compressed attention + selection, paper geometry, c = 8192, one query token.
 fn nsa(j: &Job) -> Result<Measure> {
-    let Job {
-        ctx,
-        preset,
-        dt,
-        runs,
-        hold,
-    } = *j;
+    let (ctx, preset, dt) = (j.ctx, j.preset, j.dt);
     let (n1, n2, dqk, dv, c, page) = (64usize, 4usize, 192usize, 128usize, 8192usize, 128usize);
     let (l, d, lsel, k) = (32usize, 16usize, 64usize, 16usize);
     let pages = c.div_ceil(page);
@@ -369,7 +360,7 @@ fn nsa(j: &Job) -> Result<Measure> {
         ctx,
         dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)?,
     )?;
-    let (walls, stages) = timed_runs(ctx, preset, runs, hold, |enc, timer| {
+    let (walls, stages) = timed_runs(j, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
@@ -384,13 +375,7 @@ fn nsa(j: &Job) -> Result<Measure> {
 /// pool; H = 24, Hkv = 2, E = 256. The pool (256 MiB in bf16, 512 MiB in f32) lives in shards
 /// of whole pages, each within one storage binding.
 fn attention(j: &Job) -> Result<Measure> {
-    let Job {
-        ctx,
-        preset,
-        dt,
-        runs,
-        hold,
-    } = *j;
+    let (ctx, preset, dt) = (j.ctx, j.preset, j.dt);
     let (h, hkv, e, total, page, r, k) = (
         24usize,
         2usize,
@@ -475,7 +460,7 @@ fn attention(j: &Job) -> Result<Measure> {
     let names = ["route", "partial", "combine"];
     let steps = dispatch_attention(ctx, dt, &plan, &b)?;
     let bound = bind_stages(ctx, steps.into_iter().map(|(st, d)| (st.stage(names), d)))?;
-    let (walls, stages) = timed_runs(ctx, preset, runs, hold, |enc, timer| {
+    let (walls, stages) = timed_runs(j, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
