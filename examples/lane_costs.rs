@@ -177,7 +177,46 @@ fn subgroup_broadcast(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 "#;
 
-/// (entry point, what it measures); the `subgroup_*` probes need subgroups.
+/// The 32-byte loads of the NSA subgroup variants (`vec4<u64>` words), in a module of their
+/// own: only devices with 64-bit integers in shaders build it. Costs are per 32-byte load.
+const PROBES64: &str = r#"
+@group(0) @binding(0) var<storage, read> src: array<vec4<u64>>;
+@group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
+const N: u32 = 1024u;
+const MASK: u32 = 0x1fffffu;  // 32-byte words of the 64 MiB buffer
+
+fn fin(acc: vec4<f32>, gid: u32) {
+    if (acc.x == 1.2345 + f32(arrayLength(&src))) { dst[gid] = acc; }
+}
+
+fn add(acc: vec4<f32>, w: vec4<u64>) -> vec4<f32> {
+    let a = vec4<u32>(u32(w.x & 0xfffffffflu), u32(w.x >> 32u), u32(w.y & 0xfffffffflu), u32(w.y >> 32u));
+    let b = vec4<u32>(u32(w.z & 0xfffffffflu), u32(w.z >> 32u), u32(w.w & 0xfffffffflu), u32(w.w >> 32u));
+    return acc + bitcast<vec4<f32>>(a) + bitcast<vec4<f32>>(b);
+}
+
+// 32-byte loads, each invocation walking its own 768-byte rows (as load_rows, half the loads).
+@compute @workgroup_size(64)
+fn load_rows_w32(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        acc = add(acc, src[((g.x + (i / 24u) * 4096u) * 24u + i % 24u) & MASK]);
+    }
+    fin(acc, g.x);
+}
+
+@compute @workgroup_size(64)
+fn load_rows_w32_cached(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        acc = add(acc, src[((g.x + (i / 24u) * 4096u) & 1023u) * 24u + i % 24u]);
+    }
+    fin(acc, g.x);
+}
+"#;
+
+/// (entry point, what it measures); the `subgroup_*` probes need subgroups, the `*_w32` ones
+/// 64-bit integers.
 const ENTRIES: &[(&str, &str)] = &[
     ("arith", "vec4 multiply-add chain (the loop)"),
     ("load_rows", "16-byte load, own row per invocation"),
@@ -189,6 +228,11 @@ const ENTRIES: &[(&str, &str)] = &[
     (
         "texture_rows_cached",
         "16-byte texel fetch, own rows, 768 KiB",
+    ),
+    ("load_rows_w32", "32-byte load (vec4<u64>), own rows"),
+    (
+        "load_rows_w32_cached",
+        "32-byte load (vec4<u64>), own rows, 768 KiB",
     ),
     ("load_rows_4b", "4-byte load, own row per invocation"),
     ("load_rows_32b", "two neighbouring 16-byte loads, own rows"),
@@ -225,6 +269,13 @@ fn main() -> qsa_wgpu::Result<()> {
         label: Some("lane_costs"),
         source: wgpu::ShaderSource::Wgsl(src.into()),
     });
+    let wide = ctx.caps.wide_loads;
+    let module64 = wide.then(|| {
+        dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("lane_costs.w32"),
+            source: wgpu::ShaderSource::Wgsl(PROBES64.into()),
+        })
+    });
     let size = 64u64 << 20;
     let buffer = |label| {
         dev.create_buffer(&wgpu::BufferDescriptor {
@@ -252,14 +303,18 @@ fn main() -> qsa_wgpu::Result<()> {
     let view = texture.create_view(&Default::default());
     println!("{:<22} {:<42} {:>8}", "probe", "what", "ns");
     for &(entry, what) in ENTRIES {
-        if entry.starts_with("subgroup") && !subgroups {
+        let w32 = entry.ends_with("_w32") || entry.ends_with("_w32_cached");
+        if (entry.starts_with("subgroup") && !subgroups) || (w32 && !wide) {
             println!("{entry:<22} {what:<42} {:>8}", "-");
             continue;
         }
         let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
             layout: None,
-            module: &module,
+            module: match (&module64, w32) {
+                (Some(m), true) => m,
+                _ => &module,
+            },
             entry_point: Some(entry),
             compilation_options: Default::default(),
             cache: None,

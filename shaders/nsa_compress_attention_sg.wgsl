@@ -21,205 +21,22 @@
 //#include common/flags.wgsl
 //#include common/nsa_attention.wgsl
 //#include common/nsa_logits.wgsl
+//#include common/nsa_logits_sg.wgsl
 
 @group(0) @binding(4) var<storage, read> query4: array<vec4<u32>>;  // [R, N1, Dqk] T, 16 bytes a load
 @group(0) @binding(5) var<storage, read> key: array<u32>;           // [num_blocks, page, N2·Dqk] T (unused here)
 @group(0) @binding(6) var<storage, read> key4: array<vec4<u32>>;    // the same, 16 bytes a load
 @group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 
-const CC: u32 = 32u;  // query channels per chunk
-
-
-// Channels 4s … 4s + 3 of the chunk for the 16 heads: m[4s + i][h / 4][h % 4].
-struct Chunk {
-    m: array<mat4x4<f32>, 32>,
-}
-
-// Four channels of head sl (a) and of head sl + 8 (b) in every lane → for each of the four
-// channels, the mat4x4 of all 16 heads (column h / 4, row h % 4).
-fn spread(a: vec4<f32>, b: vec4<f32>) -> array<mat4x4<f32>, 4> {
-    let v0 = subgroupBroadcast(a, 0u);
-    let v1 = subgroupBroadcast(a, 1u);
-    let v2 = subgroupBroadcast(a, 2u);
-    let v3 = subgroupBroadcast(a, 3u);
-    let v4 = subgroupBroadcast(a, 4u);
-    let v5 = subgroupBroadcast(a, 5u);
-    let v6 = subgroupBroadcast(a, 6u);
-    let v7 = subgroupBroadcast(a, 7u);
-    let v8 = subgroupBroadcast(b, 0u);
-    let v9 = subgroupBroadcast(b, 1u);
-    let v10 = subgroupBroadcast(b, 2u);
-    let v11 = subgroupBroadcast(b, 3u);
-    let v12 = subgroupBroadcast(b, 4u);
-    let v13 = subgroupBroadcast(b, 5u);
-    let v14 = subgroupBroadcast(b, 6u);
-    let v15 = subgroupBroadcast(b, 7u);
-    return array<mat4x4<f32>, 4>(
-        mat4x4<f32>(vec4<f32>(v0.x, v1.x, v2.x, v3.x), vec4<f32>(v4.x, v5.x, v6.x, v7.x),
-                    vec4<f32>(v8.x, v9.x, v10.x, v11.x), vec4<f32>(v12.x, v13.x, v14.x, v15.x)),
-        mat4x4<f32>(vec4<f32>(v0.y, v1.y, v2.y, v3.y), vec4<f32>(v4.y, v5.y, v6.y, v7.y),
-                    vec4<f32>(v8.y, v9.y, v10.y, v11.y), vec4<f32>(v12.y, v13.y, v14.y, v15.y)),
-        mat4x4<f32>(vec4<f32>(v0.z, v1.z, v2.z, v3.z), vec4<f32>(v4.z, v5.z, v6.z, v7.z),
-                    vec4<f32>(v8.z, v9.z, v10.z, v11.z), vec4<f32>(v12.z, v13.z, v14.z, v15.z)),
-        mat4x4<f32>(vec4<f32>(v0.w, v1.w, v2.w, v3.w), vec4<f32>(v4.w, v5.w, v6.w, v7.w),
-                    vec4<f32>(v8.w, v9.w, v10.w, v11.w), vec4<f32>(v12.w, v13.w, v14.w, v15.w)));
-}
-
-// Query channels c … c + 7 of element offset e's row (e + c on a 16-byte boundary for 16-bit
-// T; f32 takes two words), as two quads; zero past Dqk or for a head past the chunk's.
-fn q8(e: u32, c: u32, live: bool) -> array<vec4<f32>, 2> {
-    var lo = vec4<f32>();
-    var hi = vec4<f32>();
-    if (live && c < P.dqk) {
-        if (T_KIND == 0u) {
-            lo = bitcast<vec4<f32>>(query4[(e + c) / 4u]);
-            if (c + 4u < P.dqk) {
-                hi = bitcast<vec4<f32>>(query4[(e + c) / 4u + 1u]);
-            }
-        } else {
-            let w = query4[(e + c) / 8u];
-            lo = lo4(w);
-            hi = hi4(w);
-        }
-    }
-    return array<vec4<f32>, 2>(lo, hi);
-}
-
-// The chunk of channels c0 … c0 + 31 for the 16 heads of the part (zero past nh or Dqk).
-fn load_chunk(ea: u32, eb: u32, la: bool, lb: bool, c0: u32) -> Chunk {
-    var q = Chunk();
-    let a0 = q8(ea, c0, la);
-    let b0 = q8(eb, c0, lb);
-    let a1 = q8(ea, c0 + 8u, la);
-    let b1 = q8(eb, c0 + 8u, lb);
-    let a2 = q8(ea, c0 + 16u, la);
-    let b2 = q8(eb, c0 + 16u, lb);
-    let a3 = q8(ea, c0 + 24u, la);
-    let b3 = q8(eb, c0 + 24u, lb);
-    let s0 = spread(a0[0], b0[0]);
-    let s1 = spread(a0[1], b0[1]);
-    let s2 = spread(a1[0], b1[0]);
-    let s3 = spread(a1[1], b1[1]);
-    let s4 = spread(a2[0], b2[0]);
-    let s5 = spread(a2[1], b2[1]);
-    let s6 = spread(a3[0], b3[0]);
-    let s7 = spread(a3[1], b3[1]);
-    q.m[0] = s0[0]; q.m[1] = s0[1]; q.m[2] = s0[2]; q.m[3] = s0[3];
-    q.m[4] = s1[0]; q.m[5] = s1[1]; q.m[6] = s1[2]; q.m[7] = s1[3];
-    q.m[8] = s2[0]; q.m[9] = s2[1]; q.m[10] = s2[2]; q.m[11] = s2[3];
-    q.m[12] = s3[0]; q.m[13] = s3[1]; q.m[14] = s3[2]; q.m[15] = s3[3];
-    q.m[16] = s4[0]; q.m[17] = s4[1]; q.m[18] = s4[2]; q.m[19] = s4[3];
-    q.m[20] = s5[0]; q.m[21] = s5[1]; q.m[22] = s5[2]; q.m[23] = s5[3];
-    q.m[24] = s6[0]; q.m[25] = s6[1]; q.m[26] = s6[2]; q.m[27] = s6[3];
-    q.m[28] = s7[0]; q.m[29] = s7[1]; q.m[30] = s7[2]; q.m[31] = s7[3];
-    return q;
-}
-
-// Key channels c0 + 4s … c0 + 4s + 3 of the f32 K row at element rb; zero past Dqk (the words
-// there belong to the next head or row, and 0 · inf would be NaN).
-fn kq(rb: u32, c0: u32, s: u32) -> vec4<f32> {
-    let c = c0 + 4u * s;
-    return select(vec4<f32>(), bitcast<vec4<f32>>(key4[(rb + c) / 4u]), c < P.dqk);
-}
-
-// Key channels c0 + 8s … c0 + 8s + 7 of the 16-bit K row at element rb (one load), as two
-// quads; zero past Dqk.
-fn kq8(rb: u32, c0: u32, s: u32) -> array<vec4<f32>, 2> {
-    let c = c0 + 8u * s;
-    let w = key4[(rb + c) / 8u];
-    return array<vec4<f32>, 2>(select(vec4<f32>(), lo4(w), c < P.dqk),
-                               select(vec4<f32>(), hi4(w), c + 4u < P.dqk));
-}
-
-// Channels c … c + 7 (queries q.m[i … i + 7], keys k) added to a.
-fn acc8(a: mat4x4<f32>, q: Chunk, i: u32, k: array<vec4<f32>, 2>) -> mat4x4<f32> {
-    let r = acc4(a, q.m[i], q.m[i + 1u], q.m[i + 2u], q.m[i + 3u], k[0]);
-    return acc4(r, q.m[i + 4u], q.m[i + 5u], q.m[i + 6u], q.m[i + 7u], k[1]);
-}
-
-// One token's dot products over the chunk, added to a.
-fn dots(a: mat4x4<f32>, rb: u32, c0: u32, q: Chunk) -> mat4x4<f32> {
-    var r = a;
+// Channels c … c + 15 of the K row at element rb: four 16-byte words (f32) or two (16-bit T).
+fn key16(rb: u32, c: u32) -> array<vec4<f32>, 4> {
     if (T_KIND == 0u) {
-        r = acc4(r, q.m[0], q.m[1], q.m[2], q.m[3], kq(rb, c0, 0u));
-        r = acc4(r, q.m[4], q.m[5], q.m[6], q.m[7], kq(rb, c0, 1u));
-        r = acc4(r, q.m[8], q.m[9], q.m[10], q.m[11], kq(rb, c0, 2u));
-        r = acc4(r, q.m[12], q.m[13], q.m[14], q.m[15], kq(rb, c0, 3u));
-        r = acc4(r, q.m[16], q.m[17], q.m[18], q.m[19], kq(rb, c0, 4u));
-        r = acc4(r, q.m[20], q.m[21], q.m[22], q.m[23], kq(rb, c0, 5u));
-        r = acc4(r, q.m[24], q.m[25], q.m[26], q.m[27], kq(rb, c0, 6u));
-        r = acc4(r, q.m[28], q.m[29], q.m[30], q.m[31], kq(rb, c0, 7u));
-    } else {
-        // Eight 16-bit channels per load.
-        r = acc8(r, q, 0u, kq8(rb, c0, 0u));
-        r = acc8(r, q, 8u, kq8(rb, c0, 1u));
-        r = acc8(r, q, 16u, kq8(rb, c0, 2u));
-        r = acc8(r, q, 24u, kq8(rb, c0, 3u));
+        let e = (rb + c) / 4u;
+        return live4(c, bitcast<vec4<f32>>(key4[e]), bitcast<vec4<f32>>(key4[e + 1u]),
+                     bitcast<vec4<f32>>(key4[e + 2u]), bitcast<vec4<f32>>(key4[e + 3u]));
     }
-    return r;
-}
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32,
-        @builtin(subgroup_invocation_id) sl: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    if (id >= P.rows * P.n2 * head_chunks() * splits1()) {
-        return;
-    }
-    let w = logits_work(id, lid);
-    if (w.skip) {
-        return;
-    }
-    let r = w.r;
-    let kv = w.kv;
-    let b = w.b;
-    let h0 = w.h0;
-    let nh = w.nh;
-    // This lane's two query rows: heads sl and sl + 8 of the chunk.
-    let ea = (r * P.n1 + h0 + min(sl, nh - 1u)) * P.dqk;
-    let eb = (r * P.n1 + h0 + min(sl + 8u, nh - 1u)) * P.dqk;
-    let la = sl < nh;
-    let lb = sl + 8u < nh;
-
-    let j0 = w.lo + lid;  // the invocation's tokens: j0 + 64·t, t < 16
-    let rb = key_rows16(b, kv, j0, w.vis);
-    var a0 = mat4x4<f32>();
-    var a1 = mat4x4<f32>();
-    var a2 = mat4x4<f32>();
-    var a3 = mat4x4<f32>();
-    var a4 = mat4x4<f32>();
-    var a5 = mat4x4<f32>();
-    var a6 = mat4x4<f32>();
-    var a7 = mat4x4<f32>();
-    var a8 = mat4x4<f32>();
-    var a9 = mat4x4<f32>();
-    var a10 = mat4x4<f32>();
-    var a11 = mat4x4<f32>();
-    var a12 = mat4x4<f32>();
-    var a13 = mat4x4<f32>();
-    var a14 = mat4x4<f32>();
-    var a15 = mat4x4<f32>();
-    for (var c0 = 0u; c0 < P.dqk; c0 += CC) {
-        let q = load_chunk(ea, eb, la, lb, c0);
-        a0 = dots(a0, rb[0], c0, q);
-        a1 = dots(a1, rb[1], c0, q);
-        a2 = dots(a2, rb[2], c0, q);
-        a3 = dots(a3, rb[3], c0, q);
-        a4 = dots(a4, rb[4], c0, q);
-        a5 = dots(a5, rb[5], c0, q);
-        a6 = dots(a6, rb[6], c0, q);
-        a7 = dots(a7, rb[7], c0, q);
-        a8 = dots(a8, rb[8], c0, q);
-        a9 = dots(a9, rb[9], c0, q);
-        a10 = dots(a10, rb[10], c0, q);
-        a11 = dots(a11, rb[11], c0, q);
-        a12 = dots(a12, rb[12], c0, q);
-        a13 = dots(a13, rb[13], c0, q);
-        a14 = dots(a14, rb[14], c0, q);
-        a15 = dots(a15, rb[15], c0, q);
-    }
-
-    finish_logits(lid, j0, w.vis, r * P.n2 + kv, w.hc, w.ns1, w.s1, a0, a1, a2, a3, a4, a5,
-                  a6, a7, a8, a9, a10, a11, a12, a13, a14, a15);
+    let e = (rb + c) / 8u;
+    let w0 = key4[e];
+    let w1 = key4[e + 1u];
+    return live4(c, lo4(w0), hi4(w0), lo4(w1), hi4(w1));
 }

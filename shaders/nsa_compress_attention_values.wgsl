@@ -14,6 +14,7 @@
 //#include common/flags.wgsl
 //#include common/nsa_attention.wgsl
 //#include common/nsa_values.wgsl
+//#include common/nsa_values_rows16.wgsl
 
 @group(0) @binding(4) var<storage, read> value: array<u32>;         // [num_blocks, page, N2·Dv] T
 @group(0) @binding(5) var<storage, read> value4: array<vec4<u32>>;  // the same, 16 bytes a load (or a dummy)

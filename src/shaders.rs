@@ -36,6 +36,22 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/nsa_values.wgsl"),
     ),
     (
+        "common/nsa_values_rows16.wgsl",
+        include_str!("../shaders/common/nsa_values_rows16.wgsl"),
+    ),
+    (
+        "common/nsa_values_sg.wgsl",
+        include_str!("../shaders/common/nsa_values_sg.wgsl"),
+    ),
+    (
+        "common/nsa_logits_sg.wgsl",
+        include_str!("../shaders/common/nsa_logits_sg.wgsl"),
+    ),
+    (
+        "common/wide.wgsl",
+        include_str!("../shaders/common/wide.wgsl"),
+    ),
+    (
         "common/attention.wgsl",
         include_str!("../shaders/common/attention.wgsl"),
     ),
@@ -112,12 +128,20 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/nsa_compress_attention_sg.wgsl"),
     ),
     (
+        "nsa_compress_attention_sg_w32.wgsl",
+        include_str!("../shaders/nsa_compress_attention_sg_w32.wgsl"),
+    ),
+    (
         "nsa_compress_attention_values.wgsl",
         include_str!("../shaders/nsa_compress_attention_values.wgsl"),
     ),
     (
         "nsa_compress_attention_values_sg.wgsl",
         include_str!("../shaders/nsa_compress_attention_values_sg.wgsl"),
+    ),
+    (
+        "nsa_compress_attention_values_sg_w32.wgsl",
+        include_str!("../shaders/nsa_compress_attention_values_sg_w32.wgsl"),
     ),
     (
         "nsa_compress_attention_finish.wgsl",
@@ -216,6 +240,16 @@ pub fn uses_subgroups(src: &str) -> bool {
         .any(|w| {
             w.starts_with("subgroup") || w.starts_with("quadBroadcast") || w.starts_with("quadSwap")
         })
+}
+
+/// Whether code outside `//` comments names a 64-bit integer type (`u64`, `i64`), which needs
+/// the device's `SHADER_INT64` feature (the 32-byte word variants, chosen only where
+/// [`Capabilities::wide_loads`](crate::gpu::Capabilities::wide_loads)).
+pub fn uses_int64(src: &str) -> bool {
+    src.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
+        .any(|w| w == "u64" || w == "i64")
 }
 
 /// The final WGSL of operator shader `name` (without `.wgsl`), includes expanded, as naga

@@ -16,12 +16,15 @@ use qsa_wgpu::shaders;
 fn translate(name: &str, ep: &str, overrides: &[(&str, u32)]) -> Result<(), String> {
     let src = shaders::assemble(name).map_err(|e| e.to_string())?;
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
-    // Subgroup variants need the subgroup capability; nothing else needs one.
-    let caps = if shaders::uses_subgroups(&src) {
-        naga::valid::Capabilities::SUBGROUP
-    } else {
-        naga::valid::Capabilities::empty()
-    };
+    // Subgroup variants need the subgroup capability, the 32-byte word variants 64-bit
+    // integers; nothing else needs one.
+    let mut caps = naga::valid::Capabilities::empty();
+    if shaders::uses_subgroups(&src) {
+        caps |= naga::valid::Capabilities::SUBGROUP;
+    }
+    if shaders::uses_int64(&src) {
+        caps |= naga::valid::Capabilities::SHADER_INT64;
+    }
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| format!("validate: {e:?}"))?;

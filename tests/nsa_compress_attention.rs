@@ -7,9 +7,11 @@
 
 mod util;
 
+use qsa_wgpu::gpu::{Context, ContextOptions};
 use qsa_wgpu::ops::nsa_compress_attention::NsaCompressAttentionParams;
 use qsa_wgpu::ops::nsa_compress_attention::{
-    logits_subgroup_pass, nsel, values_subgroup_pass, Layout,
+    logits_subgroup_pass, nsel, values_subgroup_pass, Layout, LOGITS_SG, LOGITS_SG_W32, VALUES_SG,
+    VALUES_SG_W32,
 };
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::DType;
@@ -335,8 +337,10 @@ fn subgroup_and_portable_kernels_agree() {
     // Dv of 8 channel tiles) and the portable kernels (subgroups disabled) on the same
     // problems, both against the CPU: the paper's group of 16, a partial head chunk (G = 5, and
     // G = 20: a full chunk and a partial one), Dqk not a multiple of the 32-channel query
-    // chunk, Dv = 120 (a last channel tile of 8), every storage type, several splits.
-    let ctx = util::ctx();
+    // chunk, Dv = 120 (a last channel tile of 8), every storage type, several splits. Where
+    // the adapter has 64-bit integers the variants read rows of a multiple of 32 bytes in
+    // 32-byte words: those must give the 16-byte word variants' results bit for bit.
+    let ctx = Context::new_blocking(&ContextOptions::default()).unwrap();
     if !logits_subgroup_pass(ctx.caps.subgroup_size, true) {
         eprintln!(
             "no 8-lane subgroups on {}: the portable kernels only",
@@ -344,6 +348,8 @@ fn subgroup_and_portable_kernels_agree() {
         );
         return;
     }
+    let narrow = util::narrow_ctx();
+    assert!(!narrow.caps.wide_loads);
     let portable = util::portable_ctx();
     assert!(!logits_subgroup_pass(portable.caps.subgroup_size, true));
     assert!(!values_subgroup_pass(
@@ -361,7 +367,7 @@ fn subgroup_and_portable_kernels_agree() {
         (DType::F32, 24, 2, 64, 120, [1500, 70]),
         (DType::BF16, 16, 1, 48, 120, [2300, 40]),
     ];
-    let mut values_variant = 0;
+    let (mut values_variant, mut wide_logits, mut wide_values) = (0, 0, 0);
     for (dt, n1, n2, dqk, dv, cmp) in shapes {
         let geo = Geo {
             dt,
@@ -384,16 +390,42 @@ fn subgroup_and_portable_kernels_agree() {
         let v16 = (dv * dt.size()).is_multiple_of(16);
         if values_subgroup_pass(ctx.caps.subgroup_size, v16, dv as u32) {
             values_variant += 1;
+            wide_values += usize::from((dv * dt.size()).is_multiple_of(32));
         }
+        wide_logits += usize::from((dqk * dt.size()).is_multiple_of(32));
         let sel = [cmp[0] * 16 + 16 + 1, cmp[1] * 16 + 16];
         let name = format!("{geo:?} cmp={cmp:?}");
         let p = Problem::new(&mut rng, geo, &[1, 3], &cmp, &sel);
-        for c in [&ctx, &portable] {
-            let what = format!("{name} subgroups={:?}", c.caps.subgroup_size);
-            check(c, &p, &what);
+        let mut outs = Vec::new();
+        for c in [&ctx, &narrow, &portable] {
+            let what = format!(
+                "{name} subgroups={:?} wide={}",
+                c.caps.subgroup_size, c.caps.wide_loads
+            );
+            outs.push(check(c, &p, &what).0);
         }
+        assert!(
+            outs[0].out.data == outs[1].out.data && outs[0].topk.data == outs[1].topk.data,
+            "{name}: the 32-byte and 16-byte word variants differ"
+        );
     }
     assert_eq!(values_variant, 4, "shapes that take the values variant");
+    assert_eq!(
+        (wide_logits, wide_values),
+        (4, 3),
+        "shapes with 32-byte rows"
+    );
+    for (shader, narrow_shader) in [(LOGITS_SG_W32, LOGITS_SG), (VALUES_SG_W32, VALUES_SG)] {
+        assert_eq!(ctx.cache.built(shader), ctx.caps.wide_loads, "{shader}");
+        assert!(!narrow.cache.built(shader), "{shader} without wide loads");
+        assert!(narrow.cache.built(narrow_shader), "{narrow_shader}");
+    }
+    if !ctx.caps.wide_loads {
+        eprintln!(
+            "no 64-bit integers on {}: 16-byte words only",
+            ctx.describe()
+        );
+    }
 }
 
 #[test]

@@ -84,8 +84,36 @@ fn browser_dialect_only_enables_subgroups() {
             "block_topk_sg",
             "block_score_tex_sg",
             "nsa_compress_attention_sg",
+            "nsa_compress_attention_sg_w32",
             "nsa_compress_attention_values_sg",
+            "nsa_compress_attention_values_sg_w32",
             "sparse_attention_sg"
+        ]
+    );
+}
+
+#[test]
+fn int64_use_is_found_in_code_not_in_comments() {
+    assert!(shaders::uses_int64(
+        "@group(0) @binding(6) var<storage, read> key8: array<vec4<u64>>;"
+    ));
+    assert!(shaders::uses_int64("let x: i64 = 0li;"));
+    assert!(!shaders::uses_int64("// vec4<u64> words, 32 bytes a load"));
+    assert!(!shaders::uses_int64("let u64s = 1u; let key_u64 = 2u;"));
+}
+
+#[test]
+fn only_the_32_byte_word_variants_need_64_bit_integers() {
+    // They are chosen only where the device has SHADER_INT64 (Capabilities::wide_loads);
+    // any other shader must build on every device, the browser's included.
+    let with: Vec<&str> = shaders::operators()
+        .filter(|name| shaders::uses_int64(&shaders::assemble(name).unwrap()))
+        .collect();
+    assert_eq!(
+        with,
+        [
+            "nsa_compress_attention_sg_w32",
+            "nsa_compress_attention_values_sg_w32"
         ]
     );
 }

@@ -1,7 +1,7 @@
 // Steps 1 and 2 of nsa_compress_attention's values stage (SPEC §8.1), shared by the portable
 // kernel (nsa_compress_attention_values.wgsl) and its subgroup variant (…_values_sg.wgsl),
-// which differ only in step 3 (whose V row loads are here too). The including shader declares
-// the `scratch`, `psum` and `value4` bindings.
+// which differ only in step 3 (their V row loads are in common/nsa_values_rows16.wgsl and
+// the wide variant's file). The including shader declares the `scratch` and `psum` bindings.
 
 const TILE: u32 = 128u;  // tokens per tile
 
@@ -40,22 +40,6 @@ fn values_work(id: u32, lid: u32) -> ValuesWork {
     let skip = fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis;
     return ValuesWork(kv, s2, r, r * P.n2 + kv, lo, min(lo + P.split2, vis), vis, fx[INFO_B],
                       (vis + S1 - 1u) / S1, skip);
-}
-
-// Channels cb … cb + 15 of the V row at element vb (16-byte rows, read through value4), as four
-// quads; a quad past Dv reads the row's last quad (its channels are dropped).
-fn v_row16(vb: u32, cb: u32) -> array<vec4<f32>, 4> {
-    if (T_KIND == 0u) {
-        let last = P.dv - 4u;
-        return array<vec4<f32>, 4>(bitcast<vec4<f32>>(value4[(vb + min(cb, last)) / 4u]),
-                                   bitcast<vec4<f32>>(value4[(vb + min(cb + 4u, last)) / 4u]),
-                                   bitcast<vec4<f32>>(value4[(vb + min(cb + 8u, last)) / 4u]),
-                                   bitcast<vec4<f32>>(value4[(vb + min(cb + 12u, last)) / 4u]));
-    }
-    let last = P.dv - 8u;
-    let w0 = value4[(vb + min(cb, last)) / 8u];
-    let w1 = value4[(vb + min(cb + 8u, last)) / 8u];
-    return array<vec4<f32>, 4>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
 }
 
 // bf16 bits of a quad, packed in pairs.

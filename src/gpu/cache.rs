@@ -114,6 +114,11 @@ impl PipelineCache {
         self.created.load(Ordering::Relaxed)
     }
 
+    /// Whether a pipeline of `shader` (any entry point and constants) has been built.
+    pub fn built(&self, shader: &str) -> bool {
+        self.map.lock().unwrap().keys().any(|k| k.shader == shader)
+    }
+
     /// Returns the cached pipeline for `key`, building it on first use.
     pub async fn get(
         &self,

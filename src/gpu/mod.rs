@@ -30,6 +30,9 @@ pub struct ContextOptions {
     /// Never read from texture copies of buffers (the indexer's scoring then reads its index
     /// queries and block keys from their buffers, as the standalone `block_score` does).
     pub disable_textures: bool,
+    /// Never load 32 bytes per invocation through 64-bit integer words (the NSA subgroup
+    /// variants then load 16-byte words, as on adapters without 64-bit integers).
+    pub disable_wide_loads: bool,
 }
 
 /// Adapter features an operator may choose a variant by.
@@ -48,6 +51,12 @@ pub struct Capabilities {
     /// from them (unless [`ContextOptions::disable_textures`]; texel fetches are the faster
     /// loads on llvmpipe, docs/perf.md).
     pub textures: bool,
+    /// Whether subgroup variants may load 32 bytes per invocation as a `vec4<u64>`: natively,
+    /// where the adapter has 64-bit integers in shaders (wgpu's `SHADER_INT64`), unless
+    /// [`ContextOptions::disable_wide_loads`]. On llvmpipe a load is a loop over the SIMD
+    /// lanes per component, so four 64-bit components move twice the bytes of four 32-bit
+    /// ones for about the same cost (docs/perf.md).
+    pub wide_loads: bool,
 }
 
 /// Adapter, device, queue and the pipeline cache. Cheap to share through an `Arc`.
@@ -148,6 +157,9 @@ impl Context {
                 .to_lowercase()
                 .contains("llvmpipe"),
             textures: !opts.disable_textures,
+            wide_loads: available.contains(wgpu::Features::SHADER_INT64)
+                && !opts.disable_wide_loads
+                && ShaderTarget::of(info.backend) != ShaderTarget::Browser,
         };
         let mut required = wgpu::Features::empty();
         if caps.timestamps {
@@ -155,6 +167,9 @@ impl Context {
         }
         if caps.subgroups {
             required |= wgpu::Features::SUBGROUP;
+        }
+        if caps.wide_loads {
+            required |= wgpu::Features::SHADER_INT64;
         }
         // Limits are negotiated once: everything the adapter offers.
         let limits = adapter.limits();

@@ -54,6 +54,16 @@ pub fn portable_ctx() -> Arc<Context> {
     .unwrap()
 }
 
+/// A context on the same adapter whose subgroup variants load 16 bytes per invocation even
+/// where it has 64-bit integers (the 32-byte word variants' counterpart).
+pub fn narrow_ctx() -> Arc<Context> {
+    Context::new_blocking(&ContextOptions {
+        disable_wide_loads: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A context on the same adapter that never reads from texture copies (the indexer scores
 /// from its buffers), to compare the two.
 pub fn buffer_ctx() -> Arc<Context> {

@@ -63,7 +63,7 @@ fn info(backend: &Option<String>) -> Result<()> {
     println!("device type  {:?}", i.device_type);
     println!("driver       {} {}", i.driver, i.driver_info);
     println!(
-        "features     shader-f16 {}  subgroups {} (size {}..={}{})  timestamps {}",
+        "features     shader-f16 {}  subgroups {} (size {}..={}{})  timestamps {}  int64 {}",
         ctx.caps.shader_f16,
         ctx.caps.subgroups,
         i.subgroup_min_size,
@@ -73,7 +73,12 @@ fn info(backend: &Option<String>) -> Result<()> {
         } else {
             ""
         },
-        ctx.caps.timestamps
+        ctx.caps.timestamps,
+        if ctx.caps.wide_loads {
+            "true (32-byte loads on)"
+        } else {
+            "false"
+        }
     );
     let l = &ctx.limits;
     println!(

@@ -408,14 +408,29 @@ pub fn dispatch_nsa_compress_attention<'a>(
     }
     let common = [b.lens, b.block_table, b.flags];
     // The portable logits and values kernels are specialised by BY16; their subgroup variants
-    // run only with 16-byte rows and take no such constant.
+    // run only with 16-byte rows and take no such constant, in 32-byte words where they can.
+    let by32 = |d: u32| ctx.caps.wide_loads && (d as u64 * tsize).is_multiple_of(32);
     let (logits, k_by16) = if logits_subgroup_pass(ctx.caps.subgroup_size, k16) {
-        (LOGITS_SG, None)
+        (
+            if by32(prm.dqk) {
+                LOGITS_SG_W32
+            } else {
+                LOGITS_SG
+            },
+            None,
+        )
     } else {
         (OP, Some(k16))
     };
     let (values, v_by16) = if values_subgroup_pass(ctx.caps.subgroup_size, v16, prm.dv) {
-        (VALUES_SG, None)
+        (
+            if by32(prm.dv) {
+                VALUES_SG_W32
+            } else {
+                VALUES_SG
+            },
+            None,
+        )
     } else {
         ("nsa_compress_attention_values", Some(v16))
     };
@@ -462,8 +477,20 @@ pub fn logits_subgroup_pass(size: Option<u32>, k16: bool) -> bool {
     size == Some(8) && k16
 }
 
+/// The logits stage's subgroup variant reading K in 32-byte words
+/// (`nsa_compress_attention_sg_w32.wgsl`): where the context has
+/// [`Capabilities::wide_loads`](crate::gpu::Capabilities::wide_loads) and Dqk · sizeof(T) is a
+/// multiple of 32. Same results, bit for bit, with half the loads.
+pub const LOGITS_SG_W32: &str = "nsa_compress_attention_sg_w32";
+
 /// The values stage's subgroup variant (`nsa_compress_attention_values_sg.wgsl`).
 pub const VALUES_SG: &str = "nsa_compress_attention_values_sg";
+
+/// The values stage's subgroup variant reading V in 32-byte words
+/// (`nsa_compress_attention_values_sg_w32.wgsl`): where the context has
+/// [`Capabilities::wide_loads`](crate::gpu::Capabilities::wide_loads) and Dv · sizeof(T) is a
+/// multiple of 32.
+pub const VALUES_SG_W32: &str = "nsa_compress_attention_values_sg_w32";
 
 /// Whether the values stage runs its subgroup variant: on adapters whose subgroups are all 8
 /// lanes, where V rows start on 16-byte boundaries (`v16`) and Dv takes 8 channel tiles of 16

@@ -13,7 +13,8 @@ pub use cpu::{cpu, reference};
 pub use gpu::{
     dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, gpu_with_split,
     logits_subgroup_pass, loop_iterations, scratch_words, split2_for, values_subgroup_pass,
-    NsaAttnBuffers, NsaAttnTensors, NsaCompressAttentionParams, SPLITS2, STAGES,
+    NsaAttnBuffers, NsaAttnTensors, NsaCompressAttentionParams, LOGITS_SG, LOGITS_SG_W32, SPLITS2,
+    STAGES, VALUES_SG, VALUES_SG_W32,
 };
 pub use validate::validate;
 

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// Score from the indexer's query and block-key buffers, not from their texture copies.
     #[arg(long)]
     pub no_textures: bool,
+    /// Load 16 bytes per invocation even where the adapter has 64-bit integers (the NSA
+    /// subgroup variants otherwise read K and V in 32-byte words).
+    #[arg(long)]
+    pub no_wide_loads: bool,
     /// Keep the GPU's clocks up with busy work before each pass and run: auto (on unless the
     /// adapter is a CPU), on, off.
     #[arg(long, value_enum, default_value_t = ClockHoldMode::Auto)]
@@ -138,6 +142,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         backends: backend.clone(),
         disable_subgroups: args.no_subgroups,
         disable_textures: args.no_textures,
+        disable_wide_loads: args.no_wide_loads,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
     let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;

@@ -42,10 +42,24 @@ pub fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
+/// Which kernel variants the context allows: subgroups, texture copies, 32-byte loads.
+fn variants(ctx: &Context) -> String {
+    let on = |b: bool| if b { "on" } else { "off" };
+    format!(
+        "subgroups {}, textures {}, 32-byte loads {}",
+        ctx.caps
+            .subgroup_size
+            .map_or("off".to_string(), |n| format!("{n} lanes")),
+        on(ctx.caps.textures),
+        on(ctx.caps.wide_loads)
+    )
+}
+
 /// The table on stdout: one line per preset and type, then its stages.
 pub fn table(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) {
     println!("adapter: {}", ctx.describe());
     println!("clock hold: {}", if clock_hold { "on" } else { "off" });
+    println!("kernels: {}", variants(ctx));
     println!(
         "rooflines: copy {:.2} GB/s (read + write), read {:.2} GB/s (texture {}), f32 multiply-add {:.1} GFLOP/s",
         roof.copy_gbs,
@@ -123,6 +137,9 @@ pub fn json(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) -
         "backend": format!("{:?}", ctx.info.backend),
         "timestamps": ctx.caps.timestamps,
         "clock_hold": clock_hold,
+        "subgroup_size": ctx.caps.subgroup_size,
+        "textures": ctx.caps.textures,
+        "wide_loads": ctx.caps.wide_loads,
         "copy_gbs": roof.copy_gbs,
         "read_gbs": roof.read_gbs,
         "texture_read_gbs": roof.texture_read_gbs,
