@@ -193,10 +193,11 @@ pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
     let tiles = split2 / TILE;
     // Per head chunk: the portable kernel's merge of the stage-1 statistics and its tiles; the
     // subgroup variant's merge in every invocation (4 quads) and its part's batches of 8
-    // tokens (a part is an eighth of the split).
+    // tokens (a part is an eighth of the split), each with the touch of the next batch's V
+    // rows (a word per 64 bytes: at most ⌈Dv / 16⌉).
     let ns1 = c.div_ceil(SPLIT1);
     let portable = ns1 + 1 + tiles * (TILE / WG + 1 + TILE + 1) + 1;
-    let subgroup = 4 * (ns1 + 1) + (split2 / 64 + 1) * (8 + 1) + 1;
+    let subgroup = 4 * (ns1 + 1) + (split2 / 64 + 1) * (8 + 1 + dv.div_ceil(16) + 1) + 1;
     let values = search + cols(split2) + g.div_ceil(HC) * (portable.max(subgroup) + 1) + 1;
     let parts = c.div_ceil(split2) * (WG / dv.div_ceil(CHANNELS).max(1));
     let blocks = ((p.lsel + p.l) / p.d.max(1)) as u64;
