@@ -177,8 +177,9 @@ fn subgroup_broadcast(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 "#;
 
-/// The 32-byte loads of the NSA subgroup variants (`vec4<u64>` words), in a module of their
-/// own: only devices with 64-bit integers in shaders build it. Costs are per 32-byte load.
+/// The 32-byte loads of the NSA subgroup variants (`vec4<u64>` words, split by `words` of
+/// `shaders/common/wide.wgsl`), in a module of their own: only devices with 64-bit integers in
+/// shaders build it. Costs are per 32-byte load.
 const PROBES64: &str = r#"
 @group(0) @binding(0) var<storage, read> src: array<vec4<u64>>;
 @group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;
@@ -190,9 +191,8 @@ fn fin(acc: vec4<f32>, gid: u32) {
 }
 
 fn add(acc: vec4<f32>, w: vec4<u64>) -> vec4<f32> {
-    let a = vec4<u32>(u32(w.x & 0xfffffffflu), u32(w.x >> 32u), u32(w.y & 0xfffffffflu), u32(w.y >> 32u));
-    let b = vec4<u32>(u32(w.z & 0xfffffffflu), u32(w.z >> 32u), u32(w.w & 0xfffffffflu), u32(w.w >> 32u));
-    return acc + bitcast<vec4<f32>>(a) + bitcast<vec4<f32>>(b);
+    let h = words(w);
+    return acc + bitcast<vec4<f32>>(h[0]) + bitcast<vec4<f32>>(h[1]);
 }
 
 // 32-byte loads, each invocation walking its own 768-byte rows (as load_rows, half the loads).
@@ -273,7 +273,9 @@ fn main() -> qsa_wgpu::Result<()> {
     let module64 = wide.then(|| {
         dev.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("lane_costs.w32"),
-            source: wgpu::ShaderSource::Wgsl(PROBES64.into()),
+            source: wgpu::ShaderSource::Wgsl(
+                format!("{PROBES64}{}", include_str!("../shaders/common/wide.wgsl")).into(),
+            ),
         })
     });
     let size = 64u64 << 20;
@@ -303,7 +305,7 @@ fn main() -> qsa_wgpu::Result<()> {
     let view = texture.create_view(&Default::default());
     println!("{:<22} {:<42} {:>8}", "probe", "what", "ns");
     for &(entry, what) in ENTRIES {
-        let w32 = entry.ends_with("_w32") || entry.ends_with("_w32_cached");
+        let w32 = entry.contains("_w32");
         if (entry.starts_with("subgroup") && !subgroups) || (w32 && !wide) {
             println!("{entry:<22} {what:<42} {:>8}", "-");
             continue;

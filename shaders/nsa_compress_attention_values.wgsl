@@ -90,7 +90,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                     let vb = vrow[jj];
                     var v = array<vec4<f32>, 4>();
                     if (BY16 == 1u) {
-                        v = v_row16(vb, cb);
+                        v = v_row(vb, cb);
                     } else {
                         v = array<vec4<f32>, 4>(ld_v4(vb, cb), ld_v4(vb, cb + 4u), ld_v4(vb, cb + 8u),
                                                 ld_v4(vb, cb + 12u));

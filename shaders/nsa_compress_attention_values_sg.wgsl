@@ -25,7 +25,3 @@
 @group(0) @binding(5) var<storage, read> value4: array<vec4<u32>>;  // the same, 16 bytes a load
 @group(0) @binding(6) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 @group(0) @binding(7) var<storage, read_write> psum: array<f32>;    // [R·N2, c_max] f32
-
-fn v_row(vb: u32, cb: u32) -> array<vec4<f32>, 4> {
-    return v_row16(vb, cb);
-}

@@ -231,25 +231,26 @@ pub fn for_target(src: String, target: ShaderTarget) -> String {
     }
 }
 
-/// Whether code outside `//` comments names a subgroup builtin (`subgroupAdd`,
-/// `subgroup_size`, …) or a quad operation, which need the `subgroups` extension.
-pub fn uses_subgroups(src: &str) -> bool {
+/// The identifiers and literals of `src` outside `//` comments.
+fn code_words(src: &str) -> impl Iterator<Item = &str> {
     src.lines()
         .map(|l| l.split("//").next().unwrap_or(""))
         .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
-        .any(|w| {
-            w.starts_with("subgroup") || w.starts_with("quadBroadcast") || w.starts_with("quadSwap")
-        })
+}
+
+/// Whether code outside `//` comments names a subgroup builtin (`subgroupAdd`,
+/// `subgroup_size`, …) or a quad operation, which need the `subgroups` extension.
+pub fn uses_subgroups(src: &str) -> bool {
+    code_words(src).any(|w| {
+        w.starts_with("subgroup") || w.starts_with("quadBroadcast") || w.starts_with("quadSwap")
+    })
 }
 
 /// Whether code outside `//` comments names a 64-bit integer type (`u64`, `i64`), which needs
 /// the device's `SHADER_INT64` feature (the 32-byte word variants, chosen only where
 /// [`Capabilities::wide_loads`](crate::gpu::Capabilities::wide_loads)).
 pub fn uses_int64(src: &str) -> bool {
-    src.lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')))
-        .any(|w| w == "u64" || w == "i64")
+    code_words(src).any(|w| w == "u64" || w == "i64")
 }
 
 /// The final WGSL of operator shader `name` (without `.wgsl`), includes expanded, as naga

@@ -1,7 +1,7 @@
 // The subgroup variant of nsa_compress_attention's values stage (SPEC §8.1): its entry point,
 // shared by nsa_compress_attention_values_sg.wgsl (V rows read in 16-byte words) and
 // nsa_compress_attention_values_sg_w32.wgsl (32-byte words), which declare the bindings and
-// `v_row(vb, cb)`: channels cb … cb + 15 of the V row at element vb as four quads, a quad past
+// supply `v_row(vb, cb)` (the 16-byte one from common/nsa_values_rows16.wgsl): channels cb … cb + 15 of the V row at element vb as four quads, a quad past
 // Dv reading the row's last one (its channels are dropped). What the entry point does is
 // described at the top of nsa_compress_attention_values_sg.wgsl.
 
