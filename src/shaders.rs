@@ -60,6 +60,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/attention_pass.wgsl"),
     ),
     (
+        "common/attention_sg.wgsl",
+        include_str!("../shaders/common/attention_sg.wgsl"),
+    ),
+    (
         "qsa_prepare.wgsl",
         include_str!("../shaders/qsa_prepare.wgsl"),
     ),
@@ -154,6 +158,10 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "sparse_attention_sg.wgsl",
         include_str!("../shaders/sparse_attention_sg.wgsl"),
+    ),
+    (
+        "sparse_attention_sg_w32.wgsl",
+        include_str!("../shaders/sparse_attention_sg_w32.wgsl"),
     ),
     (
         "sparse_attention_route.wgsl",

@@ -269,6 +269,7 @@ fn params_structs_match_wgsl_layout() {
         "sparse_attention_route",
         "sparse_attention",
         "sparse_attention_sg",
+        "sparse_attention_sg_w32",
         "sparse_attention_combine",
     ] {
         check_params!(

@@ -87,7 +87,8 @@ fn browser_dialect_only_enables_subgroups() {
             "nsa_compress_attention_sg_w32",
             "nsa_compress_attention_values_sg",
             "nsa_compress_attention_values_sg_w32",
-            "sparse_attention_sg"
+            "sparse_attention_sg",
+            "sparse_attention_sg_w32"
         ]
     );
 }
@@ -113,7 +114,8 @@ fn only_the_32_byte_word_variants_need_64_bit_integers() {
         with,
         [
             "nsa_compress_attention_sg_w32",
-            "nsa_compress_attention_values_sg_w32"
+            "nsa_compress_attention_values_sg_w32",
+            "sparse_attention_sg_w32"
         ]
     );
 }

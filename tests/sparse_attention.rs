@@ -14,8 +14,9 @@ mod util;
 use qsa_wgpu::gpu::{GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
     cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, pack_seqs, params_kv,
-    plan_attention, scratch_buffer, validate, AttentionBuffers, ShardedAttentionBuffers,
-    SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
+    plan_attention, scratch_buffer, subgroup_words, validate, AttentionBuffers,
+    ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
+    SUBGROUP_PASS, SUBGROUP_PASS_W32,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -826,9 +827,11 @@ fn value_width_refused_by_the_device_entry_points() {
 
 #[test]
 fn subgroup_and_tiled_partial_passes_agree() {
-    // The same problems through the subgroup pass (where the adapter has one subgroup size)
-    // and the tiled pass (subgroups disabled): Qwen's group, 16 heads of E = 64 (four head
-    // quads, two quads per lane), values narrower than keys, a padded head quad, sinks, odd E.
+    // The same problems through the subgroup pass (where the adapter has one subgroup size) in
+    // 32-byte words (where it has 64-bit integers) and in 16-byte words, and through the tiled
+    // pass (subgroups disabled): Qwen's group, 16 heads of E = 64 (four head quads, two quads
+    // per lane), values narrower than keys, a padded head quad, sinks, rows on 16 but not 32
+    // bytes, rows on neither, odd E.
     let ctx = util::ctx();
     let Some(size) = ctx.caps.subgroup_size else {
         eprintln!(
@@ -839,14 +842,20 @@ fn subgroup_and_tiled_partial_passes_agree() {
     };
     let tiled = util::portable_ctx();
     assert!(tiled.caps.subgroup_size.is_none());
+    let narrow = util::narrow_ctx();
+    assert!(!narrow.caps.wide_loads);
     let mut rng = Rng::new(0x59);
     let mut nsa = shape(32, 2, 2, 192, 90);
     nsa.ev = 128;
+    // How each shape's rows are read by the subgroup pass: (shader, quads per load W) with
+    // the context's loads and with 16-byte ones.
+    let mut words = Vec::new();
     for (dt, s, sinks) in [
         (DType::F32, shape(24, 2, 1, 256, 2051), false),
         (DType::BF16, shape(24, 2, 1, 256, 600), true),
         (DType::F16, shape(16, 1, 1, 64, 300), false),
         (DType::F32, nsa, true),
+        (DType::BF16, shape(12, 2, 1, 72, 130), false),
         (DType::BF16, shape(10, 1, 2, 60, 50), false),
         (DType::F32, shape(8, 8, 1, 37, 130), true),
     ] {
@@ -862,14 +871,41 @@ fn subgroup_and_tiled_partial_passes_agree() {
             plan.steps.iter().all(|st| st.params.sg == size),
             "{s:?}: subgroup pass not planned"
         );
-        for c in [&ctx, &tiled] {
+        let sp = &plan.steps[0].params;
+        words.push((
+            subgroup_words(ctx.caps.wide_loads, dt, sp),
+            subgroup_words(false, dt, sp),
+        ));
+        let mut outs = Vec::new();
+        for c in [&ctx, &narrow, &tiled] {
             let got = pollster::block_on(gpu(c, &p.inputs(), &p.attrs)).unwrap();
             compare(&got, &want, attention_tol(dt)).unwrap_or_else(|e| {
                 panic!(
-                    "{dt} {s:?} sinks={sinks} subgroups={:?}: {e}",
-                    c.caps.subgroup_size
+                    "{dt} {s:?} sinks={sinks} subgroups={:?} wide loads={}: {e}",
+                    c.caps.subgroup_size, c.caps.wide_loads
                 )
             });
+            outs.push(got);
         }
+        // The two word widths change only the order of each dot product's terms.
+        compare(&outs[0], &outs[1], attention_tol(dt))
+            .unwrap_or_else(|e| panic!("{dt} {s:?}: 32-byte against 16-byte words: {e}"));
     }
+    // Every way of reading rows was taken, and only the pipelines they need were built.
+    let narrow_words: Vec<u32> = words.iter().map(|w| w.1 .1).collect();
+    assert_eq!(
+        narrow_words,
+        [1, 2, 2, 1, 2, 1, 1],
+        "16-byte words: W per shape"
+    );
+    let wide = words.iter().filter(|w| w.0 .0 == SUBGROUP_PASS_W32).count();
+    assert_eq!(wide, if ctx.caps.wide_loads { 4 } else { 0 });
+    if ctx.caps.wide_loads {
+        let wide_w: Vec<u32> = words.iter().map(|w| w.0 .1).collect();
+        assert_eq!(wide_w, [2, 4, 4, 2, 2, 1, 1], "32-byte words: W per shape");
+    }
+    assert_eq!(ctx.cache.built(SUBGROUP_PASS_W32), ctx.caps.wide_loads);
+    assert!(ctx.cache.built(SUBGROUP_PASS));
+    assert!(!narrow.cache.built(SUBGROUP_PASS_W32));
+    assert!(!tiled.cache.built(SUBGROUP_PASS) && !tiled.cache.built(SUBGROUP_PASS_W32));
 }

@@ -80,6 +80,14 @@ fn t_load(word: u32, i: u32) -> f32 {
     return bitcast<f32>(h << 16u);
 }
 
+// Channels 0 … 3 and 4 … 7 of a 16-byte word of 16-bit T.
+fn lo4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(t_load(w.x, 0u), t_load(w.x, 1u), t_load(w.y, 0u), t_load(w.y, 1u));
+}
+fn hi4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(t_load(w.z, 0u), t_load(w.z, 1u), t_load(w.w, 0u), t_load(w.w, 1u));
+}
+
 // Mask that keeps the other half of element i's word (0 for f32: the whole word is ours).
 fn t_keep(i: u32) -> u32 {
     if (T_KIND == 0u) {

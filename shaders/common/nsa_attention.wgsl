@@ -88,14 +88,6 @@ fn t_round(v: f32) -> f32 {
     return v;
 }
 
-// Channels 0 … 3 and 4 … 7 of a 16-byte word of 16-bit T.
-fn lo4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(t_load(w.x, 0u), t_load(w.x, 1u), t_load(w.y, 0u), t_load(w.y, 1u));
-}
-fn hi4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(t_load(w.z, 0u), t_load(w.z, 1u), t_load(w.w, 0u), t_load(w.w, 1u));
-}
-
 // Row of compressed token j of batch b in the cache (block-table entries checked beforehand).
 fn cache_row(b: u32, j: u32) -> u32 {
     let blk = block_table[b * P.max_blocks + j / P.page];

@@ -15,6 +15,10 @@ use crate::tensor::DType;
 pub const ROUTE: &str = "sparse_attention_route";
 /// The partial pass's subgroup variant (shader and pipeline label).
 pub const SUBGROUP_PASS: &str = "sparse_attention_sg";
+/// The subgroup variant reading the pool in 32-byte words (`sparse_attention_sg_w32.wgsl`),
+/// where the context has [`Capabilities::wide_loads`](crate::gpu::Capabilities::wide_loads)
+/// and every pool row starts on a 32-byte boundary ([`subgroup_words`]).
+pub const SUBGROUP_PASS_W32: &str = "sparse_attention_sg_w32";
 /// The combine stage's shader (and pipeline label).
 pub const COMBINE: &str = "sparse_attention_combine";
 /// Most pool shards one call takes (`MAX_SHARDS` in the routing shader).
@@ -261,8 +265,42 @@ fn align2(dt: DType, width: u32) -> u32 {
 
 /// Whether every K and V row (Dp channels per head) starts on a whole 16-byte word of the pool.
 fn vec_rows(dt: DType, p: &SparseAttentionParams) -> u32 {
-    let m = 16 / dt.size() as u32;
-    (p.pool_dim().is_multiple_of(m) && p.page_stride.is_multiple_of(m)) as u32
+    rows_on(dt, p, 16) as u32
+}
+
+/// Whether every K and V row starts on a multiple of `bytes` in the pool (the pool offsets of
+/// layers and planes are multiples of Dp).
+fn rows_on(dt: DType, p: &SparseAttentionParams, bytes: u32) -> bool {
+    let m = bytes / dt.size() as u32;
+    p.pool_dim().is_multiple_of(m) && p.page_stride.is_multiple_of(m)
+}
+
+/// How the subgroup pass reads the pool with `wide_loads` (the context's
+/// [`Capabilities::wide_loads`](crate::gpu::Capabilities::wide_loads)): its shader, and W, the
+/// channel quads one load gives a lane — 32-byte words where the device has 64-bit integers
+/// and rows start on 32 bytes (2 quads of f32, 4 of 16-bit T), else 16-byte words where rows
+/// start on 16 bytes (1 or 2), else elements (1). Each lane's K and V slots come in whole words,
+/// so its quads per row are rounded up to a multiple of W ([`subgroup_slots`]).
+pub fn subgroup_words(
+    wide_loads: bool,
+    dt: DType,
+    p: &SparseAttentionParams,
+) -> (&'static str, u32) {
+    let quad = 4 * dt.size() as u32;
+    if wide_loads && rows_on(dt, p, 32) {
+        (SUBGROUP_PASS_W32, 32 / quad)
+    } else if rows_on(dt, p, 16) {
+        (SUBGROUP_PASS, 16 / quad)
+    } else {
+        (SUBGROUP_PASS, 1)
+    }
+}
+
+/// Slots per lane of the subgroup pass for rows of `d` channels (`QK` for E, `QV` for Ev): the
+/// row's channel quads over the subgroup's `sg` lanes, in whole words of `w` quads. At most
+/// [`SG_QUADS`] wherever [`subgroup_pass`] applies (d ≤ 4 · SG_QUADS · sg).
+pub fn subgroup_slots(d: u32, sg: u32, w: u32) -> u32 {
+    d.div_ceil(4).div_ceil(sg * w) * w
 }
 
 /// Describes every dispatch of `plan` over `b`, paired with its step. Buffers too small for the
@@ -381,20 +419,28 @@ pub fn dispatch_attention<'a>(
                 textures: vec![],
                 groups: p.combine_groups(),
             },
-            _ if p.sg != 0 => Dispatch {
-                key: PipelineKey::new(SUBGROUP_PASS, "main")
-                    .with("T_KIND", dt.shader_kind())
-                    .with("SG", p.sg)
-                    .with("HQ", p.head_quads())
-                    .with("QK", p.e.div_ceil(4).div_ceil(p.sg))
-                    .with("QV", p.v_dim().div_ceil(4).div_ceil(p.sg))
-                    .with("ALIGN2", a2q)
-                    .with("VEC", vec),
-                params: bytemuck::bytes_of(p),
-                buffers: vec![b.query, b.pool[step.shard], b.routes, b.partials],
-                textures: vec![],
-                groups: p.groups(),
-            },
+            _ if p.sg != 0 => {
+                let (shader, w) = subgroup_words(ctx.caps.wide_loads, dt, p);
+                let mut buffers = vec![b.query, b.pool[step.shard], b.routes, b.partials];
+                if shader == SUBGROUP_PASS_W32 {
+                    buffers.push(b.pool[step.shard]);
+                }
+                Dispatch {
+                    key: PipelineKey::new(shader, "main")
+                        .with("T_KIND", dt.shader_kind())
+                        .with("SG", p.sg)
+                        .with("HQ", p.head_quads())
+                        .with("QK", subgroup_slots(p.e, p.sg, w))
+                        .with("QV", subgroup_slots(p.v_dim(), p.sg, w))
+                        .with("W", w)
+                        .with("ALIGN2", a2q)
+                        .with("VEC", vec),
+                    params: bytemuck::bytes_of(p),
+                    buffers,
+                    textures: vec![],
+                    groups: p.groups(),
+                }
+            }
             _ => Dispatch {
                 key: PipelineKey::new(OP, "main")
                     .with("T_KIND", dt.shader_kind())

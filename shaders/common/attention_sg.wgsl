@@ -1,0 +1,555 @@
+// The partial pass of sparse_attention's subgroup variants (SPEC §7), shared by
+// sparse_attention_sg.wgsl (16-byte loads) and sparse_attention_sg_w32.wgsl (32-byte loads),
+// which differ only in how they read the pool: each supplies
+//   ld_word(i, c, e) -> mat4x4<f32>: channel quads c/4 … c/4 + W − 1 of the pool row starting
+//     at element i as columns 0 … W − 1 (c a multiple of 4W; channels >= e read as 0, and a
+//     word wholly past e reads the row's first word instead, never beyond the row);
+//   touch(rb) -> u32: a few words of the K and V rows at rb (their first words and those
+//     128 bytes on), whose loads start the batch's cache misses together.
+//
+// For adapters whose subgroups have one fixed size SG. Same bindings as sparse_attention.wgsl
+// (the 32-byte variant binds the pool a second time), the same inputs (the per-shard row lists
+// of sparse_attention_route.wgsl) and the same partial records (common/attention.wgsl), which
+// sparse_attention_combine.wgsl merges; here the record's "phase" is the subgroup: phases =
+// 64 / SG, one channel block.
+//
+// Work split: one workgroup of 64 invocations per (row t, KV head kh, part, split s), as in the
+// tiled pass; its 64 / SG subgroups take the split's list entries in batches of SG consecutive
+// entries (subgroup u: batches u, u + 64 / SG, …). Within a batch every lane works on the same
+// token at a time: lane l holds, in registers, the queries' channel quads quad(j, l) of all
+// heads of the part (QK slots j per lane) and the accumulators of the value quads quad(j, l)
+// (QV slots). Per token each lane loads only its own words of the K and V rows, W quads a
+// load — every element of the row once per subgroup, neighbouring lanes on neighbouring
+// words — multiplies them with its registers, and one subgroupAdd per head quad completes the
+// dot products. No workgroup memory, no barrier. (The tiled pass reads the queries from
+// workgroup memory for every four rows; on llvmpipe, where every such read is a loop over the
+// lanes, that dominated its time. There every load is such a loop, per component, so the wider
+// the word the fewer loops: docs/perf.md.)
+//
+// Online softmax per head, batch by batch: m the running maximum, l = Σ e^{z − m}, acc =
+// Σ e^{z − m} V. Lane b keeps token b's scores; one subgroupMax per head quad gives the
+// batch's new maximum, the state is rescaled once, each lane takes the exponentials of its own
+// token (the work is spread over the lanes, not repeated), and subgroupShuffle hands each
+// token's weights to every lane for its V row. A later pool shard continues the records the
+// previous one left.
+//
+// Registers are named variables (the loops over quads are written out, cut by the overrides
+// QK, QV and HQ), never arrays indexed in a loop, which llvmpipe keeps in memory. Heads past the
+// part's hc have zero queries and are never stored.
+
+// Subgroup size (fixed on the adapters this variant is chosen for).
+override SG: u32 = 8u;
+// Head quads of the part: up to 16 heads.
+override HQ: u32 = 3u;
+// K channel quads per lane: ceil(ceil(E / 4) / (SG · W)) · W, 1 ..= 8.
+override QK: u32 = 8u;
+// V channel quads per lane: ceil(ceil(Ev / 4) / (SG · W)) · W, 1 ..= 8.
+override QV: u32 = 8u;
+// Channel quads per load (ld_word): 1, 2 or 4 — a word of the variant's width (16 or 32
+// bytes) holds W quads of T; 1 where rows are read element by element (VEC = 0).
+override W: u32 = 1u;
+
+const TK: u32 = 64u;  // invocations
+
+// The channel quad that lane sl holds in its slot j (0 … 7): the lanes take words of W
+// consecutive quads in turn, so a lane's slots j … j + W − 1 (j a multiple of W) come from one
+// load: quads (j / W) · SG · W + sl · W + j % W.
+fn quad(j: u32, sl: u32) -> u32 {
+    return (j / W) * SG * W + sl * W + j % W;
+}
+
+// Quads 0 … 3 of m (channels c …) with channels >= e zeroed.
+fn live_quads(m: mat4x4<f32>, c: u32, e: u32) -> mat4x4<f32> {
+    let k = vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u);
+    let ev = vec4<u32>(e);
+    return mat4x4<f32>(select(vec4<f32>(), m[0], k < ev), select(vec4<f32>(), m[1], k + 4u < ev),
+                       select(vec4<f32>(), m[2], k + 8u < ev), select(vec4<f32>(), m[3], k + 12u < ev));
+}
+
+// Channel quad c of the four heads 4q … 4q + 3 of the part (zero past hc) as a matrix whose
+// product with a K quad gives the four heads' partial dot products.
+fn qmat(qb: u32, q: u32, hc: u32, c: u32, e: u32) -> mat4x4<f32> {
+    var m = mat4x4<f32>();
+    for (var i = 0u; i < 4u; i++) {
+        let h = 4u * q + i;
+        if (h < hc) {
+            m[i] = ld_q(qb + h * e, c, e);
+        }
+    }
+    return transpose(m);
+}
+
+// z (column x: head quad x) plus the partial dots of K quad k with the four head quads.
+fn qk(z: mat4x4<f32>, k: vec4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>,
+      q3: mat4x4<f32>) -> mat4x4<f32> {
+    var r = z;
+    r[0] += q0 * k;
+    if (HQ > 1u) { r[1] += q1 * k; }
+    if (HQ > 2u) { r[2] += q2 * k; }
+    if (HQ > 3u) { r[3] += q3 * k; }
+    return r;
+}
+
+// A batch of tokens' scores of four heads, one token per lane (s; LOW past the list),
+// against the running (m, l): the new m, the new l, the factor that rescales the old state,
+// and this lane's token's weights.
+fn weigh(s: vec4<f32>, m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
+    let mn = max(m, subgroupMax(s));
+    let al = exp(m - mn);
+    let p = select(vec4<f32>(0.0), exp(s - mn), s > vec4<f32>(LOW));
+    return mat4x4<f32>(mn, l * al + subgroupAdd(p), al, p);
+}
+
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(subgroup_id) sub: u32, @builtin(subgroup_invocation_id) sl: u32) {
+    let pw = part_work(wg.y * nwg.x + wg.x);
+    if (pw.hc == 0u) {
+        return;
+    }
+    let rr = pw.rr;
+    let t = pw.t;
+    let kh = pw.kh;
+    let g = pw.g;
+    let split = pw.split;
+    let h0 = pw.h0;
+    let hc = pw.hc;
+
+    // This split's entries of the shard's row list. None in a later shard: the previous one's
+    // records stand as they are.
+    let range = split_range((rr * P.hs + g) * (P.shards + 1u + P.w), split);
+    let first = range.x;
+    let n = range.y;
+    if (n == 0u && P.shard != 0u) {
+        return;
+    }
+    let subs = TK / SG;
+
+    let e = P.e;
+    let ev = v_dim();
+    let v4 = (ev + 3u) / 4u;
+    let rs = v4 + 1u;                       // one channel block: Ev4 quads, then (m, l)
+    let nsub = P.splits * P.phases;
+    let base = (rr * P.h + h0) * nsub + split * P.phases + sub;
+
+    // Queries in registers: q<slot j><head quad x> holds channel quad quad(j, sl), and
+    // a<j><x> accumulates value quad quad(j, sl). Named variables, not arrays: llvmpipe keeps
+    // an array that a loop indexes in memory and gathers it lane by lane.
+    let qb = (t * P.h + h0) * e;
+    var q00 = mat4x4<f32>(); var q01 = mat4x4<f32>(); var q02 = mat4x4<f32>(); var q03 = mat4x4<f32>();
+    var q10 = mat4x4<f32>(); var q11 = mat4x4<f32>(); var q12 = mat4x4<f32>(); var q13 = mat4x4<f32>();
+    var q20 = mat4x4<f32>(); var q21 = mat4x4<f32>(); var q22 = mat4x4<f32>(); var q23 = mat4x4<f32>();
+    var q30 = mat4x4<f32>(); var q31 = mat4x4<f32>(); var q32 = mat4x4<f32>(); var q33 = mat4x4<f32>();
+    var q40 = mat4x4<f32>(); var q41 = mat4x4<f32>(); var q42 = mat4x4<f32>(); var q43 = mat4x4<f32>();
+    var q50 = mat4x4<f32>(); var q51 = mat4x4<f32>(); var q52 = mat4x4<f32>(); var q53 = mat4x4<f32>();
+    var q60 = mat4x4<f32>(); var q61 = mat4x4<f32>(); var q62 = mat4x4<f32>(); var q63 = mat4x4<f32>();
+    var q70 = mat4x4<f32>(); var q71 = mat4x4<f32>(); var q72 = mat4x4<f32>(); var q73 = mat4x4<f32>();
+    var a00 = mat4x4<f32>(); var a01 = mat4x4<f32>(); var a02 = mat4x4<f32>(); var a03 = mat4x4<f32>();
+    var a10 = mat4x4<f32>(); var a11 = mat4x4<f32>(); var a12 = mat4x4<f32>(); var a13 = mat4x4<f32>();
+    var a20 = mat4x4<f32>(); var a21 = mat4x4<f32>(); var a22 = mat4x4<f32>(); var a23 = mat4x4<f32>();
+    var a30 = mat4x4<f32>(); var a31 = mat4x4<f32>(); var a32 = mat4x4<f32>(); var a33 = mat4x4<f32>();
+    var a40 = mat4x4<f32>(); var a41 = mat4x4<f32>(); var a42 = mat4x4<f32>(); var a43 = mat4x4<f32>();
+    var a50 = mat4x4<f32>(); var a51 = mat4x4<f32>(); var a52 = mat4x4<f32>(); var a53 = mat4x4<f32>();
+    var a60 = mat4x4<f32>(); var a61 = mat4x4<f32>(); var a62 = mat4x4<f32>(); var a63 = mat4x4<f32>();
+    var a70 = mat4x4<f32>(); var a71 = mat4x4<f32>(); var a72 = mat4x4<f32>(); var a73 = mat4x4<f32>();
+    if (QK > 0u) {
+        let c = 4u * quad(0u, sl);
+        q00 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q01 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q02 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q03 = qmat(qb, 3u, hc, c, e); }
+    }
+    if (QK > 1u) {
+        let c = 4u * quad(1u, sl);
+        q10 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q11 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q12 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q13 = qmat(qb, 3u, hc, c, e); }
+    }
+    if (QK > 2u) {
+        let c = 4u * quad(2u, sl);
+        q20 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q21 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q22 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q23 = qmat(qb, 3u, hc, c, e); }
+    }
+    if (QK > 3u) {
+        let c = 4u * quad(3u, sl);
+        q30 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q31 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q32 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q33 = qmat(qb, 3u, hc, c, e); }
+    }
+    if (QK > 4u) {
+        let c = 4u * quad(4u, sl);
+        q40 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q41 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q42 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q43 = qmat(qb, 3u, hc, c, e); }
+    }
+    if (QK > 5u) {
+        let c = 4u * quad(5u, sl);
+        q50 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q51 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q52 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q53 = qmat(qb, 3u, hc, c, e); }
+    }
+    if (QK > 6u) {
+        let c = 4u * quad(6u, sl);
+        q60 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q61 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q62 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q63 = qmat(qb, 3u, hc, c, e); }
+    }
+    if (QK > 7u) {
+        let c = 4u * quad(7u, sl);
+        q70 = qmat(qb, 0u, hc, c, e);
+        if (HQ > 1u) { q71 = qmat(qb, 1u, hc, c, e); }
+        if (HQ > 2u) { q72 = qmat(qb, 2u, hc, c, e); }
+        if (HQ > 3u) { q73 = qmat(qb, 3u, hc, c, e); }
+    }
+    // Running state: fresh, or the previous shard's record.
+    var m = mat4x4<f32>(vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW));
+    var l = mat4x4<f32>();
+    if (P.shard != 0u) {
+        let ml0 = get_acc(base, nsub, 0u, hc, rs, v4);
+        m[0] = ml_m(ml0); l[0] = ml_l(ml0);
+        if (HQ > 1u) {
+            let ml1 = get_acc(base, nsub, 1u, hc, rs, v4);
+            m[1] = ml_m(ml1); l[1] = ml_l(ml1);
+        }
+        if (HQ > 2u) {
+            let ml2 = get_acc(base, nsub, 2u, hc, rs, v4);
+            m[2] = ml_m(ml2); l[2] = ml_l(ml2);
+        }
+        if (HQ > 3u) {
+            let ml3 = get_acc(base, nsub, 3u, hc, rs, v4);
+            m[3] = ml_m(ml3); l[3] = ml_l(ml3);
+        }
+        if (QV > 0u && quad(0u, sl) < v4) {
+            let c = quad(0u, sl);
+            a00 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a01 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a02 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a03 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+        if (QV > 1u && quad(1u, sl) < v4) {
+            let c = quad(1u, sl);
+            a10 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a11 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a12 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a13 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+        if (QV > 2u && quad(2u, sl) < v4) {
+            let c = quad(2u, sl);
+            a20 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a21 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a22 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a23 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+        if (QV > 3u && quad(3u, sl) < v4) {
+            let c = quad(3u, sl);
+            a30 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a31 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a32 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a33 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+        if (QV > 4u && quad(4u, sl) < v4) {
+            let c = quad(4u, sl);
+            a40 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a41 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a42 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a43 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+        if (QV > 5u && quad(5u, sl) < v4) {
+            let c = quad(5u, sl);
+            a50 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a51 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a52 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a53 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+        if (QV > 6u && quad(6u, sl) < v4) {
+            let c = quad(6u, sl);
+            a60 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a61 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a62 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a63 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+        if (QV > 7u && quad(7u, sl) < v4) {
+            let c = quad(7u, sl);
+            a70 = get_acc(base, nsub, 0u, hc, rs, c);
+            if (HQ > 1u) { a71 = get_acc(base, nsub, 1u, hc, rs, c); }
+            if (HQ > 2u) { a72 = get_acc(base, nsub, 2u, hc, rs, c); }
+            if (HQ > 3u) { a73 = get_acc(base, nsub, 3u, hc, rs, c); }
+        }
+    }
+
+    // Batches of SG consecutive entries per subgroup (subgroup u: batches u, u + 64 / SG, …).
+    // 1. Each token's scores, lane by lane over the row, summed by subgroupAdd; lane b keeps
+    //    token b's. 2. The batch's maxima (subgroupMax), one rescale of the state, and each
+    //    lane's exp for its own token: the softmax work is spread over the lanes rather than
+    //    repeated by each. 3. The V rows, each token's weights taken from its lane
+    //    (subgroupShuffle).
+    var tk = 0u;  // the touched words (kept only so that the loads stay)
+    for (var i0 = sub * SG; i0 < n; i0 += subs * SG) {
+        // Lane b reads token b's row offset, which subgroupShuffle hands to every lane for
+        // the K and V loops (a load there would be a loop over the lanes, twice per token).
+        // Then it touches that token's K and V rows (two words 128 bytes apart in each), so
+        // that the batch's cache misses overlap instead of coming one row at a time.
+        let rb = routes[first + min(i0 + sl, n - 1u)] + kh * pool_dim();
+        tk |= touch(rb);
+        var mine = mat4x4<f32>(vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW));
+        for (var b = 0u; b < SG; b++) {
+            let i = i0 + b;
+            let kr = subgroupShuffle(rb, b) + P.k_off;
+            var z = mat4x4<f32>();
+            var kw = mat4x4<f32>();
+            if (QK > 0u) {
+                kw = ld_word(kr, 4u * quad(0u, sl), e);
+                z = qk(z, kw[0], q00, q01, q02, q03);
+            }
+            if (QK > 1u) {
+                if (1u % W == 0u) { kw = ld_word(kr, 4u * quad(1u, sl), e); }
+                z = qk(z, kw[1u % W], q10, q11, q12, q13);
+            }
+            if (QK > 2u) {
+                if (2u % W == 0u) { kw = ld_word(kr, 4u * quad(2u, sl), e); }
+                z = qk(z, kw[2u % W], q20, q21, q22, q23);
+            }
+            if (QK > 3u) {
+                if (3u % W == 0u) { kw = ld_word(kr, 4u * quad(3u, sl), e); }
+                z = qk(z, kw[3u % W], q30, q31, q32, q33);
+            }
+            if (QK > 4u) {
+                if (4u % W == 0u) { kw = ld_word(kr, 4u * quad(4u, sl), e); }
+                z = qk(z, kw[4u % W], q40, q41, q42, q43);
+            }
+            if (QK > 5u) {
+                if (5u % W == 0u) { kw = ld_word(kr, 4u * quad(5u, sl), e); }
+                z = qk(z, kw[5u % W], q50, q51, q52, q53);
+            }
+            if (QK > 6u) {
+                if (6u % W == 0u) { kw = ld_word(kr, 4u * quad(6u, sl), e); }
+                z = qk(z, kw[6u % W], q60, q61, q62, q63);
+            }
+            if (QK > 7u) {
+                if (7u % W == 0u) { kw = ld_word(kr, 4u * quad(7u, sl), e); }
+                z = qk(z, kw[7u % W], q70, q71, q72, q73);
+            }
+            let keep = sl == b && i < n;
+            mine[0] = select(mine[0], subgroupAdd(z[0]) * P.scale, keep);
+            if (HQ > 1u) { mine[1] = select(mine[1], subgroupAdd(z[1]) * P.scale, keep); }
+            if (HQ > 2u) { mine[2] = select(mine[2], subgroupAdd(z[2]) * P.scale, keep); }
+            if (HQ > 3u) { mine[3] = select(mine[3], subgroupAdd(z[3]) * P.scale, keep); }
+        }
+        var al = mat4x4<f32>();
+        var p = mat4x4<f32>();  // this lane's token's weights
+        let w0 = weigh(mine[0], m[0], l[0]);
+        m[0] = w0[0]; l[0] = w0[1]; al[0] = w0[2]; p[0] = w0[3];
+        if (HQ > 1u) {
+            let w1 = weigh(mine[1], m[1], l[1]);
+            m[1] = w1[0]; l[1] = w1[1]; al[1] = w1[2]; p[1] = w1[3];
+        }
+        if (HQ > 2u) {
+            let w2 = weigh(mine[2], m[2], l[2]);
+            m[2] = w2[0]; l[2] = w2[1]; al[2] = w2[2]; p[2] = w2[3];
+        }
+        if (HQ > 3u) {
+            let w3 = weigh(mine[3], m[3], l[3]);
+            m[3] = w3[0]; l[3] = w3[1]; al[3] = w3[2]; p[3] = w3[3];
+        }
+        if (QV > 0u) {
+            a00 = rescale(a00, al[0]);
+            if (HQ > 1u) { a01 = rescale(a01, al[1]); }
+            if (HQ > 2u) { a02 = rescale(a02, al[2]); }
+            if (HQ > 3u) { a03 = rescale(a03, al[3]); }
+        }
+        if (QV > 1u) {
+            a10 = rescale(a10, al[0]);
+            if (HQ > 1u) { a11 = rescale(a11, al[1]); }
+            if (HQ > 2u) { a12 = rescale(a12, al[2]); }
+            if (HQ > 3u) { a13 = rescale(a13, al[3]); }
+        }
+        if (QV > 2u) {
+            a20 = rescale(a20, al[0]);
+            if (HQ > 1u) { a21 = rescale(a21, al[1]); }
+            if (HQ > 2u) { a22 = rescale(a22, al[2]); }
+            if (HQ > 3u) { a23 = rescale(a23, al[3]); }
+        }
+        if (QV > 3u) {
+            a30 = rescale(a30, al[0]);
+            if (HQ > 1u) { a31 = rescale(a31, al[1]); }
+            if (HQ > 2u) { a32 = rescale(a32, al[2]); }
+            if (HQ > 3u) { a33 = rescale(a33, al[3]); }
+        }
+        if (QV > 4u) {
+            a40 = rescale(a40, al[0]);
+            if (HQ > 1u) { a41 = rescale(a41, al[1]); }
+            if (HQ > 2u) { a42 = rescale(a42, al[2]); }
+            if (HQ > 3u) { a43 = rescale(a43, al[3]); }
+        }
+        if (QV > 5u) {
+            a50 = rescale(a50, al[0]);
+            if (HQ > 1u) { a51 = rescale(a51, al[1]); }
+            if (HQ > 2u) { a52 = rescale(a52, al[2]); }
+            if (HQ > 3u) { a53 = rescale(a53, al[3]); }
+        }
+        if (QV > 6u) {
+            a60 = rescale(a60, al[0]);
+            if (HQ > 1u) { a61 = rescale(a61, al[1]); }
+            if (HQ > 2u) { a62 = rescale(a62, al[2]); }
+            if (HQ > 3u) { a63 = rescale(a63, al[3]); }
+        }
+        if (QV > 7u) {
+            a70 = rescale(a70, al[0]);
+            if (HQ > 1u) { a71 = rescale(a71, al[1]); }
+            if (HQ > 2u) { a72 = rescale(a72, al[2]); }
+            if (HQ > 3u) { a73 = rescale(a73, al[3]); }
+        }
+        for (var b = 0u; b < SG; b++) {
+            let vr = subgroupShuffle(rb, b) + P.v_off;
+            // Token b's weights (0 past the list: its lane kept LOW scores).
+            let p0 = subgroupShuffle(p[0], b);
+            var p1 = vec4<f32>();
+            var p2 = vec4<f32>();
+            var p3 = vec4<f32>();
+            if (HQ > 1u) { p1 = subgroupShuffle(p[1], b); }
+            if (HQ > 2u) { p2 = subgroupShuffle(p[2], b); }
+            if (HQ > 3u) { p3 = subgroupShuffle(p[3], b); }
+            var vw = mat4x4<f32>();
+            if (QV > 0u) {
+                vw = ld_word(vr, 4u * quad(0u, sl), ev);
+                let v = vw[0];
+                a00 = axpy(a00, p0, v);
+                if (HQ > 1u) { a01 = axpy(a01, p1, v); }
+                if (HQ > 2u) { a02 = axpy(a02, p2, v); }
+                if (HQ > 3u) { a03 = axpy(a03, p3, v); }
+            }
+            if (QV > 1u) {
+                if (1u % W == 0u) { vw = ld_word(vr, 4u * quad(1u, sl), ev); }
+                let v = vw[1u % W];
+                a10 = axpy(a10, p0, v);
+                if (HQ > 1u) { a11 = axpy(a11, p1, v); }
+                if (HQ > 2u) { a12 = axpy(a12, p2, v); }
+                if (HQ > 3u) { a13 = axpy(a13, p3, v); }
+            }
+            if (QV > 2u) {
+                if (2u % W == 0u) { vw = ld_word(vr, 4u * quad(2u, sl), ev); }
+                let v = vw[2u % W];
+                a20 = axpy(a20, p0, v);
+                if (HQ > 1u) { a21 = axpy(a21, p1, v); }
+                if (HQ > 2u) { a22 = axpy(a22, p2, v); }
+                if (HQ > 3u) { a23 = axpy(a23, p3, v); }
+            }
+            if (QV > 3u) {
+                if (3u % W == 0u) { vw = ld_word(vr, 4u * quad(3u, sl), ev); }
+                let v = vw[3u % W];
+                a30 = axpy(a30, p0, v);
+                if (HQ > 1u) { a31 = axpy(a31, p1, v); }
+                if (HQ > 2u) { a32 = axpy(a32, p2, v); }
+                if (HQ > 3u) { a33 = axpy(a33, p3, v); }
+            }
+            if (QV > 4u) {
+                if (4u % W == 0u) { vw = ld_word(vr, 4u * quad(4u, sl), ev); }
+                let v = vw[4u % W];
+                a40 = axpy(a40, p0, v);
+                if (HQ > 1u) { a41 = axpy(a41, p1, v); }
+                if (HQ > 2u) { a42 = axpy(a42, p2, v); }
+                if (HQ > 3u) { a43 = axpy(a43, p3, v); }
+            }
+            if (QV > 5u) {
+                if (5u % W == 0u) { vw = ld_word(vr, 4u * quad(5u, sl), ev); }
+                let v = vw[5u % W];
+                a50 = axpy(a50, p0, v);
+                if (HQ > 1u) { a51 = axpy(a51, p1, v); }
+                if (HQ > 2u) { a52 = axpy(a52, p2, v); }
+                if (HQ > 3u) { a53 = axpy(a53, p3, v); }
+            }
+            if (QV > 6u) {
+                if (6u % W == 0u) { vw = ld_word(vr, 4u * quad(6u, sl), ev); }
+                let v = vw[6u % W];
+                a60 = axpy(a60, p0, v);
+                if (HQ > 1u) { a61 = axpy(a61, p1, v); }
+                if (HQ > 2u) { a62 = axpy(a62, p2, v); }
+                if (HQ > 3u) { a63 = axpy(a63, p3, v); }
+            }
+            if (QV > 7u) {
+                if (7u % W == 0u) { vw = ld_word(vr, 4u * quad(7u, sl), ev); }
+                let v = vw[7u % W];
+                a70 = axpy(a70, p0, v);
+                if (HQ > 1u) { a71 = axpy(a71, p1, v); }
+                if (HQ > 2u) { a72 = axpy(a72, p2, v); }
+                if (HQ > 3u) { a73 = axpy(a73, p3, v); }
+            }
+        }
+    }
+
+    // The records of this subgroup: its lanes' channel quads of every head, and (m, l) from
+    // lane 0.
+    if (QV > 0u && quad(0u, sl) < v4) {
+        let c = quad(0u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a00);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a01); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a02); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a03); }
+    }
+    if (QV > 1u && quad(1u, sl) < v4) {
+        let c = quad(1u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a10);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a11); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a12); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a13); }
+    }
+    if (QV > 2u && quad(2u, sl) < v4) {
+        let c = quad(2u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a20);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a21); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a22); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a23); }
+    }
+    if (QV > 3u && quad(3u, sl) < v4) {
+        let c = quad(3u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a30);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a31); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a32); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a33); }
+    }
+    if (QV > 4u && quad(4u, sl) < v4) {
+        let c = quad(4u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a40);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a41); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a42); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a43); }
+    }
+    if (QV > 5u && quad(5u, sl) < v4) {
+        let c = quad(5u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a50);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a51); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a52); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a53); }
+    }
+    if (QV > 6u && quad(6u, sl) < v4) {
+        let c = quad(6u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a60);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a61); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a62); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a63); }
+    }
+    if (QV > 7u && quad(7u, sl) < v4) {
+        let c = quad(7u, sl);
+        put_acc(base, nsub, 0u, hc, rs, c, a70);
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, c, a71); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a72); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a73); }
+    }
+    if (tk == 0x7fc00001u && n == 0u) {
+        part[0] = vec4<f32>();  // never: with n = 0 nothing was touched
+    }
+    if (sl == 0u) {
+        put_acc(base, nsub, 0u, hc, rs, v4, ml_rec(m[0], l[0]));
+        if (HQ > 1u) { put_acc(base, nsub, 1u, hc, rs, v4, ml_rec(m[1], l[1])); }
+        if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, v4, ml_rec(m[2], l[2])); }
+        if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, v4, ml_rec(m[3], l[3])); }
+    }
+}
