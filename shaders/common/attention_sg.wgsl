@@ -49,7 +49,10 @@ override QV: u32 = 8u;
 // bytes) holds W quads of T; 1 where rows are read element by element (VEC = 0).
 override W: u32 = 1u;
 
-const TK: u32 = 64u;  // invocations
+// Invocations per workgroup, a multiple of SG: 64 on GPUs; SG (one subgroup) on CPU adapters,
+// where a workgroup's subgroups run one after another on one thread and each would load the
+// queries and carry its records over every pool shard on its own.
+override TK: u32 = 64u;
 
 // The channel quad that lane sl holds in its slot j (0 … 7): the lanes take words of W
 // consecutive quads in turn, so a lane's slots j … j + W − 1 (j a multiple of W) come from one
@@ -101,7 +104,7 @@ fn weigh(s: vec4<f32>, m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
 }
 
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(TK)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(subgroup_id) sub: u32, @builtin(subgroup_invocation_id) sl: u32) {
     let pw = part_work(wg.y * nwg.x + wg.x);
@@ -407,80 +410,118 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if (HQ > 2u) { a72 = rescale(a72, al[2]); }
             if (HQ > 3u) { a73 = rescale(a73, al[3]); }
         }
-        for (var b = 0u; b < SG; b++) {
+        // Two tokens per iteration (SG is even): each accumulator is loaded and stored once for
+        // both, in the same order of terms as token by token.
+        for (var b = 0u; b < SG; b += 2u) {
             let vr = subgroupShuffle(rb, b) + P.v_off;
-            // Token b's weights (0 past the list: its lane kept LOW scores).
+            let vs = subgroupShuffle(rb, b + 1u) + P.v_off;
+            // Tokens b's and b + 1's weights (0 past the list: their lanes kept LOW scores).
             let p0 = subgroupShuffle(p[0], b);
+            let r0 = subgroupShuffle(p[0], b + 1u);
             var p1 = vec4<f32>();
+            var r1 = vec4<f32>();
             var p2 = vec4<f32>();
+            var r2 = vec4<f32>();
             var p3 = vec4<f32>();
-            if (HQ > 1u) { p1 = subgroupShuffle(p[1], b); }
-            if (HQ > 2u) { p2 = subgroupShuffle(p[2], b); }
-            if (HQ > 3u) { p3 = subgroupShuffle(p[3], b); }
+            var r3 = vec4<f32>();
+            if (HQ > 1u) { p1 = subgroupShuffle(p[1], b); r1 = subgroupShuffle(p[1], b + 1u); }
+            if (HQ > 2u) { p2 = subgroupShuffle(p[2], b); r2 = subgroupShuffle(p[2], b + 1u); }
+            if (HQ > 3u) { p3 = subgroupShuffle(p[3], b); r3 = subgroupShuffle(p[3], b + 1u); }
             var vw = mat4x4<f32>();
+            var uw = mat4x4<f32>();
             if (QV > 0u) {
                 vw = ld_word(vr, 4u * quad(0u, sl), ev);
+                uw = ld_word(vs, 4u * quad(0u, sl), ev);
                 let v = vw[0];
-                a00 = axpy(a00, p0, v);
-                if (HQ > 1u) { a01 = axpy(a01, p1, v); }
-                if (HQ > 2u) { a02 = axpy(a02, p2, v); }
-                if (HQ > 3u) { a03 = axpy(a03, p3, v); }
+                let u = uw[0];
+                a00 = axpy(axpy(a00, p0, v), r0, u);
+                if (HQ > 1u) { a01 = axpy(axpy(a01, p1, v), r1, u); }
+                if (HQ > 2u) { a02 = axpy(axpy(a02, p2, v), r2, u); }
+                if (HQ > 3u) { a03 = axpy(axpy(a03, p3, v), r3, u); }
             }
             if (QV > 1u) {
-                if (1u % W == 0u) { vw = ld_word(vr, 4u * quad(1u, sl), ev); }
+                if (1u % W == 0u) {
+                    vw = ld_word(vr, 4u * quad(1u, sl), ev);
+                    uw = ld_word(vs, 4u * quad(1u, sl), ev);
+                }
                 let v = vw[1u % W];
-                a10 = axpy(a10, p0, v);
-                if (HQ > 1u) { a11 = axpy(a11, p1, v); }
-                if (HQ > 2u) { a12 = axpy(a12, p2, v); }
-                if (HQ > 3u) { a13 = axpy(a13, p3, v); }
+                let u = uw[1u % W];
+                a10 = axpy(axpy(a10, p0, v), r0, u);
+                if (HQ > 1u) { a11 = axpy(axpy(a11, p1, v), r1, u); }
+                if (HQ > 2u) { a12 = axpy(axpy(a12, p2, v), r2, u); }
+                if (HQ > 3u) { a13 = axpy(axpy(a13, p3, v), r3, u); }
             }
             if (QV > 2u) {
-                if (2u % W == 0u) { vw = ld_word(vr, 4u * quad(2u, sl), ev); }
+                if (2u % W == 0u) {
+                    vw = ld_word(vr, 4u * quad(2u, sl), ev);
+                    uw = ld_word(vs, 4u * quad(2u, sl), ev);
+                }
                 let v = vw[2u % W];
-                a20 = axpy(a20, p0, v);
-                if (HQ > 1u) { a21 = axpy(a21, p1, v); }
-                if (HQ > 2u) { a22 = axpy(a22, p2, v); }
-                if (HQ > 3u) { a23 = axpy(a23, p3, v); }
+                let u = uw[2u % W];
+                a20 = axpy(axpy(a20, p0, v), r0, u);
+                if (HQ > 1u) { a21 = axpy(axpy(a21, p1, v), r1, u); }
+                if (HQ > 2u) { a22 = axpy(axpy(a22, p2, v), r2, u); }
+                if (HQ > 3u) { a23 = axpy(axpy(a23, p3, v), r3, u); }
             }
             if (QV > 3u) {
-                if (3u % W == 0u) { vw = ld_word(vr, 4u * quad(3u, sl), ev); }
+                if (3u % W == 0u) {
+                    vw = ld_word(vr, 4u * quad(3u, sl), ev);
+                    uw = ld_word(vs, 4u * quad(3u, sl), ev);
+                }
                 let v = vw[3u % W];
-                a30 = axpy(a30, p0, v);
-                if (HQ > 1u) { a31 = axpy(a31, p1, v); }
-                if (HQ > 2u) { a32 = axpy(a32, p2, v); }
-                if (HQ > 3u) { a33 = axpy(a33, p3, v); }
+                let u = uw[3u % W];
+                a30 = axpy(axpy(a30, p0, v), r0, u);
+                if (HQ > 1u) { a31 = axpy(axpy(a31, p1, v), r1, u); }
+                if (HQ > 2u) { a32 = axpy(axpy(a32, p2, v), r2, u); }
+                if (HQ > 3u) { a33 = axpy(axpy(a33, p3, v), r3, u); }
             }
             if (QV > 4u) {
-                if (4u % W == 0u) { vw = ld_word(vr, 4u * quad(4u, sl), ev); }
+                if (4u % W == 0u) {
+                    vw = ld_word(vr, 4u * quad(4u, sl), ev);
+                    uw = ld_word(vs, 4u * quad(4u, sl), ev);
+                }
                 let v = vw[4u % W];
-                a40 = axpy(a40, p0, v);
-                if (HQ > 1u) { a41 = axpy(a41, p1, v); }
-                if (HQ > 2u) { a42 = axpy(a42, p2, v); }
-                if (HQ > 3u) { a43 = axpy(a43, p3, v); }
+                let u = uw[4u % W];
+                a40 = axpy(axpy(a40, p0, v), r0, u);
+                if (HQ > 1u) { a41 = axpy(axpy(a41, p1, v), r1, u); }
+                if (HQ > 2u) { a42 = axpy(axpy(a42, p2, v), r2, u); }
+                if (HQ > 3u) { a43 = axpy(axpy(a43, p3, v), r3, u); }
             }
             if (QV > 5u) {
-                if (5u % W == 0u) { vw = ld_word(vr, 4u * quad(5u, sl), ev); }
+                if (5u % W == 0u) {
+                    vw = ld_word(vr, 4u * quad(5u, sl), ev);
+                    uw = ld_word(vs, 4u * quad(5u, sl), ev);
+                }
                 let v = vw[5u % W];
-                a50 = axpy(a50, p0, v);
-                if (HQ > 1u) { a51 = axpy(a51, p1, v); }
-                if (HQ > 2u) { a52 = axpy(a52, p2, v); }
-                if (HQ > 3u) { a53 = axpy(a53, p3, v); }
+                let u = uw[5u % W];
+                a50 = axpy(axpy(a50, p0, v), r0, u);
+                if (HQ > 1u) { a51 = axpy(axpy(a51, p1, v), r1, u); }
+                if (HQ > 2u) { a52 = axpy(axpy(a52, p2, v), r2, u); }
+                if (HQ > 3u) { a53 = axpy(axpy(a53, p3, v), r3, u); }
             }
             if (QV > 6u) {
-                if (6u % W == 0u) { vw = ld_word(vr, 4u * quad(6u, sl), ev); }
+                if (6u % W == 0u) {
+                    vw = ld_word(vr, 4u * quad(6u, sl), ev);
+                    uw = ld_word(vs, 4u * quad(6u, sl), ev);
+                }
                 let v = vw[6u % W];
-                a60 = axpy(a60, p0, v);
-                if (HQ > 1u) { a61 = axpy(a61, p1, v); }
-                if (HQ > 2u) { a62 = axpy(a62, p2, v); }
-                if (HQ > 3u) { a63 = axpy(a63, p3, v); }
+                let u = uw[6u % W];
+                a60 = axpy(axpy(a60, p0, v), r0, u);
+                if (HQ > 1u) { a61 = axpy(axpy(a61, p1, v), r1, u); }
+                if (HQ > 2u) { a62 = axpy(axpy(a62, p2, v), r2, u); }
+                if (HQ > 3u) { a63 = axpy(axpy(a63, p3, v), r3, u); }
             }
             if (QV > 7u) {
-                if (7u % W == 0u) { vw = ld_word(vr, 4u * quad(7u, sl), ev); }
+                if (7u % W == 0u) {
+                    vw = ld_word(vr, 4u * quad(7u, sl), ev);
+                    uw = ld_word(vs, 4u * quad(7u, sl), ev);
+                }
                 let v = vw[7u % W];
-                a70 = axpy(a70, p0, v);
-                if (HQ > 1u) { a71 = axpy(a71, p1, v); }
-                if (HQ > 2u) { a72 = axpy(a72, p2, v); }
-                if (HQ > 3u) { a73 = axpy(a73, p3, v); }
+                let u = uw[7u % W];
+                a70 = axpy(axpy(a70, p0, v), r0, u);
+                if (HQ > 1u) { a71 = axpy(axpy(a71, p1, v), r1, u); }
+                if (HQ > 2u) { a72 = axpy(axpy(a72, p2, v), r2, u); }
+                if (HQ > 3u) { a73 = axpy(axpy(a73, p3, v), r3, u); }
             }
         }
     }

@@ -69,7 +69,7 @@ pub fn loop_iterations(p: &SparseAttentionParams) -> u64 {
         // The subgroup pass: the query and record loops (under 800 at 16 heads and 8 quads per
         // lane), then per batch of SG tokens 2 · (SG + 1) + 1 iterations: at most 3 per token
         // of the lane's subgroup.
-        let subs = (LANES as u64 / p.sg as u64).max(1);
+        let subs = (p.phases as u64).max(1);
         return 800 + 3 * (p.split_len as u64).div_ceil(subs) + 1;
     }
     let e4 = (p.e as u64).div_ceil(4);
@@ -253,6 +253,19 @@ impl SparseAttentionParams {
 /// runs), and 8 was slower still.
 pub fn sg_target_groups_cpu() -> usize {
     crate::gpu::cpu_cores().clamp(1, TARGET_GROUPS)
+}
+
+/// Invocations per workgroup of the subgroup pass at subgroup size `sg` (its `TK`; its
+/// subgroups are the records' phases): one subgroup on a CPU adapter, where llvmpipe runs a
+/// workgroup's subgroups one after another on one thread and each loads the queries and loads
+/// and stores its records once per pool shard (the decode attention preset's partial pass
+/// took ~0.3 ms of such setup per shard per core with 8 subgroups), else [`LANES`].
+pub fn subgroup_pass_invocations(cpu: bool, sg: u32) -> u32 {
+    if cpu {
+        sg
+    } else {
+        LANES as u32
+    }
 }
 
 /// Largest K or V channel quads per lane of the subgroup pass (`QK`, `QV` in its shader).

@@ -174,7 +174,7 @@ pub fn plan_attention(
     // one channel block.
     if let Some(sg) = subgroup_pass(ctx.caps.subgroup_size, &p) {
         p.sg = sg;
-        p.phases = LANES as u32 / sg;
+        p.phases = subgroup_pass_invocations(unit == TILE, sg) / sg;
         p.cblocks = 1;
         // Unless the caller chose the splits: whole 64-entry units (batches of SG entries per
         // subgroup), and on a CPU one workgroup per core, each subgroup then carrying its
@@ -429,6 +429,7 @@ pub fn dispatch_attention<'a>(
                     key: PipelineKey::new(shader, "main")
                         .with("T_KIND", dt.shader_kind())
                         .with("SG", p.sg)
+                        .with("TK", p.phases * p.sg)
                         .with("HQ", p.head_quads())
                         .with("QK", subgroup_slots(p.e, p.sg, w))
                         .with("QV", subgroup_slots(p.v_dim(), p.sg, w))
