@@ -16,7 +16,7 @@
 // Quads c/4 … c/4 + W − 1 of the pool row starting at element i (contract in
 // common/attention_sg.wgsl).
 fn ld_word(i: u32, c: u32, e: u32) -> mat4x4<f32> {
-    let j = i + select(0u, c, c < e);
+    let j = word_at(i, c, e);
     var m = mat4x4<f32>();
     if (T_KIND == 0u) {
         let w = words(pool8[j >> 3u]);

@@ -14,7 +14,7 @@ mod util;
 use qsa_wgpu::gpu::{GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
     cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, pack_seqs, params_kv,
-    plan_attention, scratch_buffer, subgroup_words, validate, AttentionBuffers,
+    plan_attention, scratch_buffer, subgroup_rows_full, subgroup_words, validate, AttentionBuffers,
     ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
     SUBGROUP_PASS, SUBGROUP_PASS_W32,
 };
@@ -152,10 +152,27 @@ impl Problem {
 /// Lays `d` out in a garbage-filled pool whose pages are handed out in `order` (a permutation
 /// of `pages(s, d)`), `s.stride_mul` packed pages apart.
 fn problem(rng: &mut Rng, dt: DType, s: &Shape, d: &Data, order: Vec<u32>) -> Problem {
+    problem_in(rng, dt, s, d, order, None)
+}
+
+/// [`problem`] whose pool garbage (every element no sequence wrote) is `fill` where given,
+/// random otherwise.
+fn problem_in(
+    rng: &mut Rng,
+    dt: DType,
+    s: &Shape,
+    d: &Data,
+    order: Vec<u32>,
+    fill: Option<f32>,
+) -> Problem {
     let np = order.len();
     let layout = PoolLayout::packed(np, s.layers, s.page, s.hkv, s.dp());
     let mut pool = PagedPool::new(layout, dt, order);
-    pool.data = rng.tensor(dt, &[layout.required_elems()]);
+    let n = layout.required_elems();
+    pool.data = match fill {
+        Some(v) => Tensor::from_f32(dt, &[n], &vec![v; n]),
+        None => rng.tensor(dt, &[n]),
+    };
     let mut ids = Vec::new();
     for (k, v) in &d.kv {
         let id = pool.add_sequence();
@@ -850,6 +867,8 @@ fn subgroup_and_tiled_partial_passes_agree() {
     // How each shape's rows are read by the subgroup pass: (shader, quads per load W) with
     // the context's loads and with 16-byte ones.
     let mut words = Vec::new();
+    // And whether every lane's slots lie inside the rows (no load masks), likewise.
+    let mut full = Vec::new();
     for (dt, s, sinks) in [
         (DType::F32, shape(24, 2, 1, 256, 2051), false),
         (DType::BF16, shape(24, 2, 1, 256, 600), true),
@@ -861,7 +880,9 @@ fn subgroup_and_tiled_partial_passes_agree() {
     ] {
         let d = data(&mut rng, &s, &[(2100, 1), (0, 3), (700, 2)], sinks);
         let order = rng.permutation(pages(&s, &d));
-        let p = problem(&mut rng, dt, &s, &d, order);
+        // NaN wherever no sequence wrote: a load past a row's live channels (the next row of
+        // a sequence's last position, a page no sequence uses) would turn an output into NaN.
+        let p = problem_in(&mut rng, dt, &s, &d, order, Some(f32::NAN));
         let want = cpu(&p.inputs(), &p.attrs).unwrap();
         // The subgroup context really plans the subgroup pass for this shape.
         let v = validate(&p.inputs(), &p.attrs).unwrap();
@@ -872,10 +893,15 @@ fn subgroup_and_tiled_partial_passes_agree() {
             "{s:?}: subgroup pass not planned"
         );
         let sp = &plan.steps[0].params;
-        words.push((
+        let (wide, narrow_w) = (
             subgroup_words(ctx.caps.wide_loads, dt, sp),
             subgroup_words(false, dt, sp),
+        );
+        full.push((
+            subgroup_rows_full(sp, wide.1),
+            subgroup_rows_full(sp, narrow_w.1),
         ));
+        words.push((wide, narrow_w));
         let mut outs = Vec::new();
         for c in [&ctx, &narrow, &tiled] {
             let got = pollster::block_on(gpu(c, &p.inputs(), &p.attrs)).unwrap();
@@ -900,6 +926,12 @@ fn subgroup_and_tiled_partial_passes_agree() {
     );
     let wide = words.iter().filter(|w| w.0 .0 == SUBGROUP_PASS_W32).count();
     assert_eq!(wide, if ctx.caps.wide_loads { 4 } else { 0 });
+    let narrow_full: Vec<bool> = full.iter().map(|f| f.1).collect();
+    assert_eq!(narrow_full, [true, true, true, true, false, false, false]);
+    if ctx.caps.wide_loads {
+        let wide_full: Vec<bool> = full.iter().map(|f| f.0).collect();
+        assert_eq!(wide_full, [true, true, false, true, false, false, false]);
+    }
     if ctx.caps.wide_loads {
         let wide_w: Vec<u32> = words.iter().map(|w| w.0 .1).collect();
         assert_eq!(wide_w, [2, 4, 4, 2, 2, 1, 1], "32-byte words: W per shape");

@@ -61,8 +61,24 @@ fn quad(j: u32, sl: u32) -> u32 {
     return (j / W) * SG * W + sl * W + j % W;
 }
 
+// 1 when E and Ev are multiples of 4 · W · SG channels: every slot of every lane then holds a
+// quad inside the row, and the loads need neither masks nor a clamped address.
+override FULL: u32 = 0u;
+
+// The element where the word of channels c … of the row at element i starts (a word wholly
+// past e reads the row's first one instead, never beyond the row).
+fn word_at(i: u32, c: u32, e: u32) -> u32 {
+    if (FULL != 0u) {
+        return i + c;
+    }
+    return i + select(0u, c, c < e);
+}
+
 // Quads 0 … 3 of m (channels c …) with channels >= e zeroed.
 fn live_quads(m: mat4x4<f32>, c: u32, e: u32) -> mat4x4<f32> {
+    if (FULL != 0u) {
+        return m;
+    }
     let k = vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u);
     let ev = vec4<u32>(e);
     return mat4x4<f32>(select(vec4<f32>(), m[0], k < ev), select(vec4<f32>(), m[1], k + 4u < ev),

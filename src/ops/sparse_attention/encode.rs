@@ -296,6 +296,13 @@ pub fn subgroup_words(
     }
 }
 
+/// Whether every slot of every lane of the subgroup pass holds a quad inside the K and V rows
+/// (E and Ev multiples of 4 · W · SG channels), so that its loads need no masks (`FULL`).
+pub fn subgroup_rows_full(p: &SparseAttentionParams, w: u32) -> bool {
+    let word = 4 * w * p.sg;
+    p.e.is_multiple_of(word) && p.v_dim().is_multiple_of(word)
+}
+
 /// Slots per lane of the subgroup pass for rows of `d` channels (`QK` for E, `QV` for Ev): the
 /// row's channel quads over the subgroup's `sg` lanes, in whole words of `w` quads. At most
 /// [`SG_QUADS`] wherever [`subgroup_pass`] applies (d ≤ 4 · SG_QUADS · sg).
@@ -434,6 +441,7 @@ pub fn dispatch_attention<'a>(
                         .with("QK", subgroup_slots(p.e, p.sg, w))
                         .with("QV", subgroup_slots(p.v_dim(), p.sg, w))
                         .with("W", w)
+                        .with("FULL", subgroup_rows_full(p, w) as u32)
                         .with("ALIGN2", a2q)
                         .with("VEC", vec),
                     params: bytemuck::bytes_of(p),
