@@ -15,6 +15,10 @@
 //#include common/flags.wgsl
 //#include common/attention.wgsl
 
+// 1 when the page size and the pages per shard are powers of two: the divisions by them are
+// shifts (on llvmpipe an integer division of a vector is eight scalar ones).
+override POW2: u32 = 0u;
+
 const TK: u32 = 64u;
 const MAX_SHARDS: u32 = 64u;
 const NO_ROW: u32 = 0xffffffffu;
@@ -44,6 +48,20 @@ fn seq_of(t: u32) -> u32 {
     return lo;
 }
 
+// x / d and x % d for d = the page size or the pages per shard.
+fn div_by(x: u32, d: u32) -> u32 {
+    if (POW2 != 0u) {
+        return x >> countTrailingZeros(d);
+    }
+    return x / d;
+}
+fn rem_by(x: u32, d: u32) -> u32 {
+    if (POW2 != 0u) {
+        return x & (d - 1u);
+    }
+    return x % d;
+}
+
 // (shard, offset in the shard) of token `tok` of sequence n, or (NO_ROW, 0) — flagged when
 // `flag` — when the token lies outside 0 ..= p or its page-table column or page is out of range.
 fn resolve(n: u32, p: u32, tok: i32, flag: bool) -> vec2<u32> {
@@ -53,7 +71,7 @@ fn resolve(n: u32, p: u32, tok: i32, flag: bool) -> vec2<u32> {
         f = FLAG_TOKEN;
     } else {
         let pos = u32(tok);
-        let col = pos / P.page_size;
+        let col = div_by(pos, P.page_size);
         if (col >= P.max_pages) {
             f = FLAG_PAGE_SLOT;
         } else {
@@ -61,8 +79,8 @@ fn resolve(n: u32, p: u32, tok: i32, flag: bool) -> vec2<u32> {
             if (page >= P.num_pages) {
                 f = FLAG_PAGE;
             } else {
-                r = vec2<u32>(page / P.shard_pages, (page % P.shard_pages) * P.page_stride
-                              + (pos % P.page_size) * P.hkv * pool_dim());
+                r = vec2<u32>(div_by(page, P.shard_pages), rem_by(page, P.shard_pages) * P.page_stride
+                              + rem_by(pos, P.page_size) * P.hkv * pool_dim());
             }
         }
     }

@@ -411,7 +411,10 @@ pub fn dispatch_attention<'a>(
         let p = &step.params;
         let d = match step.shader {
             ROUTE => Dispatch {
-                key: PipelineKey::new(ROUTE, "main"),
+                key: PipelineKey::new(ROUTE, "main").with(
+                    "POW2",
+                    (p.page_size.is_power_of_two() && p.shard_pages.is_power_of_two()) as u32,
+                ),
                 params: bytemuck::bytes_of(p),
                 buffers: vec![b.seqs, b.token_indices, b.token_count, b.routes, b.flags],
                 textures: vec![],
