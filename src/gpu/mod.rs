@@ -30,8 +30,8 @@ pub struct ContextOptions {
     /// Never read from texture copies of buffers (the indexer's scoring then reads its index
     /// queries and block keys from their buffers, as the standalone `block_score` does).
     pub disable_textures: bool,
-    /// Never load 32 bytes per invocation through 64-bit integer words (the NSA subgroup
-    /// variants then load 16-byte words, as on adapters without 64-bit integers).
+    /// Never load 32 bytes per invocation through 64-bit integer words (the NSA and attention
+    /// subgroup variants then load 16-byte words, as on adapters without 64-bit integers).
     pub disable_wide_loads: bool,
 }
 

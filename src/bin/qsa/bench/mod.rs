@@ -54,8 +54,8 @@ pub struct BenchArgs {
     /// Score from the indexer's query and block-key buffers, not from their texture copies.
     #[arg(long)]
     pub no_textures: bool,
-    /// Load 16 bytes per invocation even where the adapter has 64-bit integers (the NSA
-    /// subgroup variants otherwise read K and V in 32-byte words).
+    /// Load 16 bytes per invocation even where the adapter has 64-bit integers (the NSA and
+    /// attention subgroup variants otherwise read K and V in 32-byte words).
     #[arg(long)]
     pub no_wide_loads: bool,
     /// Keep the GPU's clocks up with busy work before each pass and run: auto (on unless the
