@@ -88,8 +88,17 @@ fn t_round(v: f32) -> f32 {
     return v;
 }
 
+// 1 when the page size is a power of two: a token's page and slot are a shift and a mask (on
+// llvmpipe an integer division of a vector is eight scalar ones, twice per batch of tokens in
+// the values stage).
+override PAGE_POW2: u32 = 0u;
+
 // Row of compressed token j of batch b in the cache (block-table entries checked beforehand).
 fn cache_row(b: u32, j: u32) -> u32 {
+    if (PAGE_POW2 != 0u) {
+        let blk = block_table[b * P.max_blocks + (j >> countTrailingZeros(P.page))];
+        return blk * P.page + (j & (P.page - 1u));
+    }
     let blk = block_table[b * P.max_blocks + j / P.page];
     return blk * P.page + j % P.page;
 }

@@ -446,7 +446,9 @@ pub fn dispatch_nsa_compress_attention<'a>(
     ];
     let mut out = Vec::with_capacity(STAGES.len());
     for (i, ((shader, wide, own), n)) in stages.into_iter().zip(groups).enumerate() {
-        let mut key = PipelineKey::new(shader, "main").with("T_KIND", dt.shader_kind());
+        let mut key = PipelineKey::new(shader, "main")
+            .with("T_KIND", dt.shader_kind())
+            .with("PAGE_POW2", prm.page.is_power_of_two() as u32);
         if let Some(w) = wide {
             key = key.with("BY16", w as u32);
         }
