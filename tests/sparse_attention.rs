@@ -14,9 +14,9 @@ mod util;
 use qsa_wgpu::gpu::{GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
     cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, pack_seqs, params_kv,
-    plan_attention, scratch_buffer, subgroup_rows_full, subgroup_words, validate, AttentionBuffers,
-    ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
-    SUBGROUP_PASS, SUBGROUP_PASS_W32,
+    plan_attention, scratch_buffer, subgroup_rows_full, subgroup_slots, subgroup_words, validate,
+    AttentionBuffers, ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs,
+    SparseAttentionParams, SG_QUADS, SUBGROUP_PASS, SUBGROUP_PASS_W32,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -940,4 +940,34 @@ fn subgroup_and_tiled_partial_passes_agree() {
     assert!(ctx.cache.built(SUBGROUP_PASS));
     assert!(!narrow.cache.built(SUBGROUP_PASS_W32));
     assert!(!tiled.cache.built(SUBGROUP_PASS) && !tiled.cache.built(SUBGROUP_PASS_W32));
+}
+
+#[test]
+fn subgroup_slots_fit_and_cover_every_quad() {
+    // The subgroup pass gives lane l's slot j the quad (j / W)·SG·W + l·W + j % W
+    // (common/attention_sg.wgsl). For every row width the pass accepts (d ≤ 4·SG_QUADS·SG),
+    // every subgroup size it runs at and every word width: at most SG_QUADS slots, in whole
+    // words, and every quad of the row held by exactly one (lane, slot).
+    for sg in [4u32, 8, 16, 32, 64] {
+        for w in [1u32, 2, 4] {
+            for d in 1..=4 * SG_QUADS * sg {
+                let slots = subgroup_slots(d, sg, w);
+                assert!(slots <= SG_QUADS, "sg {sg} w {w} d {d}: {slots} slots");
+                assert_eq!(slots % w, 0, "sg {sg} w {w} d {d}: slots in whole words");
+                let quads = d.div_ceil(4);
+                let mut held = vec![0u32; (slots * sg) as usize];
+                for l in 0..sg {
+                    for j in 0..slots {
+                        let q = (j / w) * sg * w + l * w + j % w;
+                        held[q as usize] += 1;
+                    }
+                }
+                assert!(
+                    held.iter().all(|&n| n == 1),
+                    "sg {sg} w {w} d {d}: a quad twice"
+                );
+                assert!(quads <= slots * sg, "sg {sg} w {w} d {d}: quads left over");
+            }
+        }
+    }
 }
