@@ -116,23 +116,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         // This invocation's part of the split, for each head of the chunk.
         if (part < nparts) {
-            let at = partial_at(rk) + (s2 * nparts + part) * P.dv * quads() + hc * 4u;
-            store_part(a0, cb, at, nq);
-            store_part(a1, cb + 1u, at, nq);
-            store_part(a2, cb + 2u, at, nq);
-            store_part(a3, cb + 3u, at, nq);
-            store_part(a4, cb + 4u, at, nq);
-            store_part(a5, cb + 5u, at, nq);
-            store_part(a6, cb + 6u, at, nq);
-            store_part(a7, cb + 7u, at, nq);
-            store_part(a8, cb + 8u, at, nq);
-            store_part(a9, cb + 9u, at, nq);
-            store_part(a10, cb + 10u, at, nq);
-            store_part(a11, cb + 11u, at, nq);
-            store_part(a12, cb + 12u, at, nq);
-            store_part(a13, cb + 13u, at, nq);
-            store_part(a14, cb + 14u, at, nq);
-            store_part(a15, cb + 15u, at, nq);
+            store_parts(rk, s2, nparts, part, hc, cb, nq, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10,
+                        a11, a12, a13, a14, a15);
         }
         workgroupBarrier();
     }

@@ -9,15 +9,20 @@
 //#include common/attention_pass.wgsl
 //#include common/attention_sg.wgsl
 
+// log2 of the elements of T in a 16-byte word.
+fn word_log2() -> u32 {
+    return select(3u, 2u, T_KIND == 0u);
+}
+
 // Quads c/4 … c/4 + W − 1 of the pool row starting at element i (contract in
 // common/attention_sg.wgsl).
 fn ld_word(i: u32, c: u32, e: u32) -> mat4x4<f32> {
     let j = word_at(i, c, e);
     var m = mat4x4<f32>();
     if (VEC != 0u && T_KIND == 0u) {
-        m[0] = bitcast<vec4<f32>>(pool[j >> 2u]);
+        m[0] = bitcast<vec4<f32>>(pool[j >> word_log2()]);
     } else if (VEC != 0u) {
-        let w = pool[j >> 3u];
+        let w = pool[j >> word_log2()];
         m[0] = lo4(w);
         m[1] = hi4(w);
     } else {
@@ -26,16 +31,11 @@ fn ld_word(i: u32, c: u32, e: u32) -> mat4x4<f32> {
     return live_quads(m, c, e);
 }
 
-// The first words of the K and V rows at rb and those 128 bytes on (the rows' last words if
-// shorter).
-fn touch(rb: u32) -> u32 {
+// Words kw and vw of the K and V rows and those 128 bytes (8 words) on, or the rows' last
+// words kw + kl and vw + vl if shorter; nothing where rows are read element by element.
+fn touch(kw: u32, vw: u32, kl: u32, vl: u32) -> u32 {
     if (VEC == 0u) {
         return 0u;
     }
-    let sh = select(3u, 2u, T_KIND == 0u);  // log2 of the elements per 16-byte word
-    let kl = ((P.e + (1u << sh) - 1u) >> sh) - 1u;
-    let vl = ((v_dim() + (1u << sh) - 1u) >> sh) - 1u;
-    let kw = (rb + P.k_off) >> sh;
-    let vw = (rb + P.v_off) >> sh;
     return pool[kw].x | pool[kw + min(8u, kl)].x | pool[vw].x | pool[vw + min(8u, vl)].x;
 }

@@ -13,17 +13,20 @@
 
 @group(0) @binding(5) var<storage, read> pool8: array<vec4<u64>>;  // binding 2's shard, 32 bytes a load
 
+// log2 of the elements of T in a 32-byte word.
+fn word_log2() -> u32 {
+    return select(4u, 3u, T_KIND == 0u);
+}
+
 // Quads c/4 … c/4 + W − 1 of the pool row starting at element i (contract in
 // common/attention_sg.wgsl).
 fn ld_word(i: u32, c: u32, e: u32) -> mat4x4<f32> {
-    let j = word_at(i, c, e);
+    let w = words(pool8[word_at(i, c, e) >> word_log2()]);
     var m = mat4x4<f32>();
     if (T_KIND == 0u) {
-        let w = words(pool8[j >> 3u]);
         m[0] = bitcast<vec4<f32>>(w[0]);
         m[1] = bitcast<vec4<f32>>(w[1]);
     } else {
-        let w = words(pool8[j >> 4u]);
         m[0] = lo4(w[0]);
         m[1] = hi4(w[0]);
         m[2] = lo4(w[1]);
@@ -32,13 +35,8 @@ fn ld_word(i: u32, c: u32, e: u32) -> mat4x4<f32> {
     return live_quads(m, c, e);
 }
 
-// The first words of the K and V rows at rb and those 128 bytes on (the rows' last words if
-// shorter).
-fn touch(rb: u32) -> u32 {
-    let sh = select(4u, 3u, T_KIND == 0u);  // log2 of the elements per 32-byte word
-    let kl = ((P.e + (1u << sh) - 1u) >> sh) - 1u;
-    let vl = ((v_dim() + (1u << sh) - 1u) >> sh) - 1u;
-    let kw = (rb + P.k_off) >> sh;
-    let vw = (rb + P.v_off) >> sh;
+// Words kw and vw of the K and V rows and those 128 bytes (4 words) on, or the rows' last
+// words kw + kl and vw + vl if shorter.
+fn touch(kw: u32, vw: u32, kl: u32, vl: u32) -> u32 {
     return u32(pool8[kw].x | pool8[kw + min(4u, kl)].x | pool8[vw].x | pool8[vw + min(4u, vl)].x);
 }

@@ -4,8 +4,10 @@
 //   ld_word(i, c, e) -> mat4x4<f32>: channel quads c/4 … c/4 + W − 1 of the pool row starting
 //     at element i as columns 0 … W − 1 (c a multiple of 4W; channels >= e read as 0, and a
 //     word wholly past e reads the row's first word instead, never beyond the row);
-//   touch(rb) -> u32: a few words of the K and V rows at rb (their first words and those
-//     128 bytes on), whose loads start the batch's cache misses together.
+//   word_log2() -> u32: log2 of the elements of T in one of its words;
+//   touch(kw, vw, kl, vl) -> u32: a few words of the K and V rows whose first words are kw and
+//     vw and last words kw + kl and vw + vl (the first ones and those 128 bytes on), whose
+//     loads start the batch's cache misses together.
 //
 // For adapters whose subgroups have one fixed size SG. Same bindings as sparse_attention.wgsl
 // (the 32-byte variant binds the pool a second time), the same inputs (the per-shard row lists
@@ -311,13 +313,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     //    repeated by each. 3. The V rows, each token's weights taken from its lane
     //    (subgroupShuffle).
     var tk = 0u;  // the touched words (kept only so that the loads stay)
+    let sh = word_log2();
+    let kl = ((e + (1u << sh) - 1u) >> sh) - 1u;   // the K and V rows' last words
+    let vl = ((ev + (1u << sh) - 1u) >> sh) - 1u;
     for (var i0 = sub * SG; i0 < n; i0 += subs * SG) {
         // Lane b reads token b's row offset, which subgroupShuffle hands to every lane for
         // the K and V loops (a load there would be a loop over the lanes, twice per token).
         // Then it touches that token's K and V rows (two words 128 bytes apart in each), so
         // that the batch's cache misses overlap instead of coming one row at a time.
         let rb = routes[first + min(i0 + sl, n - 1u)] + kh * pool_dim();
-        tk |= touch(rb);
+        tk |= touch((rb + P.k_off) >> sh, (rb + P.v_off) >> sh, kl, vl);
         var mine = mat4x4<f32>(vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW));
         for (var b = 0u; b < SG; b++) {
             let i = i0 + b;

@@ -163,6 +163,33 @@ fn store_part(a: mat4x4<f32>, ch: u32, at: u32, nq: u32) {
     }
 }
 
+// Stage 2's part `part` of split s2 of (query row, KV head) rk for chunk hc: the
+// accumulators of this invocation's channels cb … cb + 15 (a0 … a15), for each head of the
+// chunk.
+fn store_parts(rk: u32, s2: u32, nparts: u32, part: u32, hc: u32, cb: u32, nq: u32,
+               a0: mat4x4<f32>, a1: mat4x4<f32>, a2: mat4x4<f32>, a3: mat4x4<f32>,
+               a4: mat4x4<f32>, a5: mat4x4<f32>, a6: mat4x4<f32>, a7: mat4x4<f32>,
+               a8: mat4x4<f32>, a9: mat4x4<f32>, a10: mat4x4<f32>, a11: mat4x4<f32>,
+               a12: mat4x4<f32>, a13: mat4x4<f32>, a14: mat4x4<f32>, a15: mat4x4<f32>) {
+    let at = partial_at(rk) + (s2 * nparts + part) * P.dv * quads() + hc * 4u;
+    store_part(a0, cb, at, nq);
+    store_part(a1, cb + 1u, at, nq);
+    store_part(a2, cb + 2u, at, nq);
+    store_part(a3, cb + 3u, at, nq);
+    store_part(a4, cb + 4u, at, nq);
+    store_part(a5, cb + 5u, at, nq);
+    store_part(a6, cb + 6u, at, nq);
+    store_part(a7, cb + 7u, at, nq);
+    store_part(a8, cb + 8u, at, nq);
+    store_part(a9, cb + 9u, at, nq);
+    store_part(a10, cb + 10u, at, nq);
+    store_part(a11, cb + 11u, at, nq);
+    store_part(a12, cb + 12u, at, nq);
+    store_part(a13, cb + 13u, at, nq);
+    store_part(a14, cb + 14u, at, nq);
+    store_part(a15, cb + 15u, at, nq);
+}
+
 // round_T(P) of tile token jj, as step 2 left it.
 fn tile_p(jj: u32) -> mat4x4<f32> {
     if (T_KIND == 2u) {

@@ -162,11 +162,8 @@ pub fn plan_attention(
             format!("{shards} pool shards of {shard_pages} pages; at most {MAX_SHARDS}"),
         ));
     }
-    let unit = if ctx.info.device_type == wgpu::DeviceType::Cpu {
-        TILE
-    } else {
-        LANES
-    };
+    let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
+    let unit = if cpu { TILE } else { LANES };
     if !(p.split_len as usize).is_multiple_of(unit) {
         p.choose_splits(unit);
     }
@@ -174,13 +171,13 @@ pub fn plan_attention(
     // one channel block.
     if let Some(sg) = subgroup_pass(ctx.caps.subgroup_size, &p) {
         p.sg = sg;
-        p.phases = subgroup_pass_invocations(unit == TILE, sg) / sg;
+        p.phases = subgroup_pass_invocations(cpu, sg) / sg;
         p.cblocks = 1;
         // Unless the caller chose the splits: whole 64-entry units (batches of SG entries per
         // subgroup), and on a CPU one workgroup per core, each subgroup then carrying its
         // state over many tokens.
         if default_splits {
-            let target = if unit == TILE {
+            let target = if cpu {
                 sg_target_groups_cpu()
             } else {
                 TARGET_GROUPS
