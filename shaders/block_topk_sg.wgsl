@@ -2,13 +2,13 @@
 // the order and steps 1 to 5 are those of `block_topk.wgsl` (shared part in
 // common/block_topk.wgsl), except:
 //
-// Entry `row_sg`, short rows (W <= 2048, as in prefill): one row per workgroup of 8
-// invocations, i.e. per subgroup (the host picks it only where subgroups are exactly 8 lanes).
-// Lane l takes the columns [l · chunk, (l + 1) · chunk) (chunk a multiple of 4, at most 256),
-// loads their keys once into a private array and reads that in every later pass. Every sum
-// over the lanes is a `subgroupShuffleXor` butterfly that leaves it in every lane, so every
-// lane takes the same decisions, with no workgroup memory and no barrier until the
-// compaction.
+// Entry `row_sg`, short rows (W <= SHORT_W = 2112, as in prefill and NSA's selection): one row
+// per workgroup of 8 invocations, i.e. per subgroup (the host picks it only where subgroups
+// are exactly 8 lanes). Lane l takes the columns [l · chunk, (l + 1) · chunk) (chunk a
+// multiple of 4, at most 264), loads their keys once into a private array and reads that in
+// every later pass. Every sum over the lanes is a `subgroupShuffleXor` butterfly that leaves
+// it in every lane, so every lane takes the same decisions, with no workgroup memory and no
+// barrier until the compaction.
 // 2'. Refinement instead of the radix select. The threshold is a whole key T (columns
 //     ignored) with at least min(k, candidates) keys >= T. Invariant: the k-th best key lies
 //     in [lo, hi], at first the row's smallest and largest candidate keys ([1, +inf's key]
@@ -20,7 +20,7 @@
 //     SLACK (the ranking drops the ranks >= k and orders ties by column), when the range is one
 //     key, or after REFINE_ROUNDS (4 bits per round: the range is one key by then). With at
 //     most k candidates (round 0's count at its first threshold, the smallest candidate) every
-//     candidate is kept. Every key of such a row fits the ranking (W <= MAX_K), so any lo the
+//     candidate is kept. Every key of such a row fits the ranking (W <= SLOTS), so any lo the
 //     refinement ends with is exact.
 // 3'. Compaction by buckets: the winners' range [lo, top] is cut into 16 buckets
 //     [u_j, u_{j+1}), u_j = lo + j · bstep; one counting pass (as a round's) gives each lane
@@ -119,8 +119,8 @@ fn rank_counts(lid: u32, sl: u32, ssz: u32, m: u32, span: vec2<u32>) -> array<ve
     let own = p0 < m;
     let q0 = span.x;  // every entry before quad q0 comes before the owned ones ...
     let nq = span.y;  // ... and none from quad nq on
-    let ka = skey[min(p0 >> 2u, MAX_K / 4u - 1u)];
-    let kb = skey[min((p0 >> 2u) + 1u, MAX_K / 4u - 1u)];
+    let ka = skey[min(p0 >> 2u, SLOTS / 4u - 1u)];
+    let kb = skey[min((p0 >> 2u) + 1u, SLOTS / 4u - 1u)];
     let pa = vec4<u32>(p0, p0 + 1u, p0 + 2u, p0 + 3u);
     let pb = pa + vec4<u32>(4u);
     let qo = clamp(p0 >> 2u, q0, nq);
@@ -237,7 +237,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let none = vec4<u32>(0xffffffffu);
     var big = vec4<u32>(0u);
     var small = none;
-    var kv = array<vec4<u32>, 64>();  // the lane's keys (at most 256)
+    var kv = array<vec4<u32>, 66>();  // the lane's keys (at most 264: W <= SLOTS)
     for (var c = c0; c < c1; c += 4u) {
         let x = keys4(base, c, c1, v4);
         kv[(c - c0) >> 2u] = x;
@@ -258,7 +258,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             p0 += count2(x, th[0], th[1]);
             p1 += count2(x, th[2], th[3]);
         }
-        let s0 = subgroup_sum(p0, ssz);  // at most W <= 2048 per field
+        let s0 = subgroup_sum(p0, ssz);  // at most W <= SLOTS per field
         let s1 = subgroup_sum(p1, ssz);
         if (round == 0u && total_of(s0, s1, 0u) <= P.k) {
             break;  // at most k candidates: all are kept
@@ -287,14 +287,16 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     // each u_j, per lane (q) and over the lanes before it (ex) and all (all), in 16-bit fields.
     let top = max(e.x, lo);
     let u = thresholds16(lo, (top - lo) / 16u + 1u);
-    var ma = vec4<u32>(0u);
+    var ma = vec4<u32>(0u);  // the lane's winners: bits 0 … 255 of its chunk
     var mb = vec4<u32>(0u);
+    var mc = 0u;             // … and 256 … 263 (W > 2048)
     var qa = vec4<u32>(0u);
     var qb = vec4<u32>(0u);
     for (var c = c0; c < c1; c += 4u) {
         let x = kv[(c - c0) >> 2u];
         let b = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), x >= vec4<u32>(lo));
         set_bits(&ma, &mb, c - c0, b.x | b.y | b.z | b.w);
+        mc |= select(0u, (b.x | b.y | b.z | b.w) << ((c - c0) & 31u), c - c0 >= 256u);
         qa += count2(x, u[0], u[1]);
         qb += count2(x, u[2], u[3]);
     }
@@ -311,7 +313,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let exa = ia - qa;
     let exb = ib - qb;
     let mine = total_of(qa, qb, 0u);
-    let m = total_of(alla, allb, 0u);  // <= W <= MAX_K
+    let m = total_of(alla, allb, 0u);  // <= W <= SLOTS
     for (var i = sl; i < (m + 1u) / 2u; i += RL) {
         atomicStore(&scol[i], 0u);
     }
@@ -323,7 +325,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     var rb = vec4<u32>(0u);
     let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
     for (var wi = 0u; wi < words; wi++) {
-        var bits = mask_word(ma, mb, wi);
+        var bits = select(mask_word(ma, mb, wi), mc, wi == 8u);
         loop {
             if (bits == 0u) {
                 break;

@@ -121,6 +121,8 @@ fn gpu_matches_cpu_with_ties_nan_and_masks() {
         (3, 2, 1757, 7, 10),
         (2, 3, 1757, 300, 50),
         (2, 2, 1757, 2048, 20),
+        (2, 2, 2049, 16, 5),
+        (2, 1, 2112, 64, 0),
         (4, 1, 1757, 64, 97),
         (5, 2, 3, 1, 30),
         (5, 2, 3, 5, 30),
@@ -307,7 +309,15 @@ fn more_rows_than_one_grid_dimension() {
 #[test]
 fn candidates_around_k_and_ragged_widths() {
     let mut rng = Rng::new(0x70c4);
-    for (w, k) in [(2048, 512), (1000, 300), (2500, 700), (257, 64), (300, 299)] {
+    for (w, k) in [
+        (2048, 512),
+        (2049, 16),
+        (2112, 700),
+        (1000, 300),
+        (2500, 700),
+        (257, 64),
+        (300, 299),
+    ] {
         let counts = [0, 1, k - 1, k, k + 1, w / 2, w - 1, w];
         let (t, hs) = (counts.len(), 2);
         let mut scores = vec![NEG_INF; t * hs * w];
@@ -365,7 +375,15 @@ fn overshooting_buckets_near_k_and_the_limit() {
 /// One value everywhere: the order is the columns' order, across every invocation's chunk.
 #[test]
 fn all_tied_rows_keep_column_order() {
-    for (w, k) in [(3000, 700), (2048, 2048), (65536, 2048), (777, 5)] {
+    // 2049 and 2112: short rows (`row_sg`) with more tied winners than MAX_K.
+    for (w, k) in [
+        (3000, 700),
+        (2048, 2048),
+        (2049, 16),
+        (2112, 2048),
+        (65536, 2048),
+        (777, 5),
+    ] {
         let scores = vec![1.5f32; 2 * w];
         check(
             &scores,
@@ -378,13 +396,15 @@ fn all_tied_rows_keep_column_order() {
 
 /// Which kernel a row shape takes: the subgroup variants only on 8-lane subgroups (so the
 /// cases above reach them on lavapipe and the portable kernels through `portable_ctx`): short
-/// rows (W <= 2048) and wide ones; rows between take the portable `main` everywhere.
+/// rows (W <= 2112) and wide ones; rows between take the portable `main` everywhere.
 #[test]
 fn kernel_choice() {
     assert_eq!(pipeline(2048, 512, Some(8)), (SHADER_SG, "row_sg"));
     assert_eq!(pipeline(1, 1, Some(8)), (SHADER_SG, "row_sg"));
     assert_eq!(pipeline(2048, 128, Some(8)), (SHADER_SG, "row_sg"));
-    assert_eq!(pipeline(2049, 512, Some(8)), (OP, "main"));
+    assert_eq!(pipeline(2049, 16, Some(8)), (SHADER_SG, "row_sg"));
+    assert_eq!(pipeline(2112, 512, Some(8)), (SHADER_SG, "row_sg"));
+    assert_eq!(pipeline(2113, 512, Some(8)), (OP, "main"));
     assert_eq!(pipeline(2048, 512, None), (OP, "main"));
     assert_eq!(pipeline(2048, 512, Some(32)), (OP, "main"));
     assert_eq!(pipeline(2048, 128, None), (OP, "wide"));

@@ -18,6 +18,10 @@ struct BlockTopkParams {
 
 const WG: u32 = 256u;
 const MAX_K: u32 = 2048u;
+// Entries the ranking holds: the at most MAX_K winners of the portable and wide kernels, or
+// every column of a `row_sg` row (W <= SHORT_W = 2112, which keeps NSA's 2049-wide selection
+// rows at 8192 compressed tokens on that kernel).
+const SLOTS: u32 = 2112u;
 const SLACK: u32 = 128u;  // extra keys the select may leave to the ranking (see step 2)
 const SAMPLE: u32 = 512u; // keys of a wide row sampled for a first threshold (step 1)
 
@@ -25,8 +29,8 @@ const SAMPLE: u32 = 512u; // keys of a wide row sampled for a first threshold (s
 var<workgroup> hist: array<atomic<u32>, WG>;  // one bin per digit value
 var<workgroup> sfx: array<u32, WG>;           // per-invocation counts, then their scan
 var<workgroup> part: array<u32, 16>;          // sums of 16 bins or 16 counts
-var<workgroup> skey: array<vec4<u32>, MAX_K / 4u>;  // selected keys, in column order (row_sg: by bucket)
-var<workgroup> scol: array<atomic<u32>, MAX_K / 2u>; // their columns, two u16 per word
+var<workgroup> skey: array<vec4<u32>, SLOTS / 4u>;  // selected keys, in column order (row_sg: by bucket)
+var<workgroup> scol: array<atomic<u32>, SLOTS / 2u>; // their columns, two u16 per word
 var<workgroup> thr_hi: u32;                   // threshold digits chosen so far (key part)
 var<workgroup> thr_lo: u32;                   // ... (column part)
 var<workgroup> mask_hi: u32;                  // which bits of the key part are chosen
