@@ -159,7 +159,7 @@ fn bench_runs_the_peer_before_each_preset() {
     // A stand-in peer (a shell script in the peer's command-line and JSON shape) that logs its
     // presets: `qsa bench --peer` runs it once per preset, just before our runs of that preset,
     // and divides our wall median by its median. The clock hold is on (its work runs before
-    // each pass and run).
+    // each pass and run), and so is the cache eviction before each run.
     let script = tmp("peer.sh");
     let log = tmp("peer.log");
     let _ = std::fs::remove_file(&log);
@@ -175,7 +175,7 @@ fn bench_runs_the_peer_before_each_preset() {
         .args(["bench", "--preset", "nsa-decode", "--preset"])
         .arg("qsa-attention-decode-128k")
         .args(["--dtype", "bf16", "--runs", "1", "--json", "--python", "sh"])
-        .args(["--clock-hold", "on"])
+        .args(["--clock-hold", "on", "--evict-caches"])
         .arg("--peer")
         .arg(&script)
         .output()
@@ -192,6 +192,8 @@ fn bench_runs_the_peer_before_each_preset() {
     // The clock hold, asked for on this CPU adapter, ran and is reported.
     assert!(err.contains("clock hold: on"), "{err}");
     assert_eq!(v["clock_hold"], serde_json::Value::Bool(true), "{v}");
+    assert!(err.contains("caches: 128 MiB"), "{err}");
+    assert_eq!(v["evict_caches"], serde_json::Value::Bool(true), "{v}");
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     for r in results {

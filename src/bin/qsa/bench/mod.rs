@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// adapter is a CPU), on, off.
     #[arg(long, value_enum, default_value_t = ClockHoldMode::Auto)]
     pub clock_hold: ClockHoldMode,
+    /// Write 128 MiB of host memory before each run, outside the timed span, so that every run
+    /// starts with cold host caches (on a CPU adapter, the device's caches).
+    #[arg(long)]
+    pub evict_caches: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,6 +179,10 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             "off"
         }
     );
+    let evict = args.evict_caches.then(presets::Evictor::new);
+    if evict.is_some() {
+        eprintln!("caches: 128 MiB of host memory written before each run");
+    }
     let mut all = Vec::new();
     let total = presets.len() * dtypes.len();
     for (i, p) in presets.iter().enumerate() {
@@ -203,6 +211,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
                 dt,
                 runs: args.runs,
                 hold: hold.as_ref(),
+                evict: evict.as_ref(),
             })?;
             let secs = m.gpu_ms.unwrap_or(m.wall_median_ms) * 1e-3;
             m.gbs = m.bytes as f64 / secs / 1e9;
@@ -230,9 +239,9 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         }
     }
     if args.json {
-        report::json(&ctx, &roof, hold.is_some(), &all)?;
+        report::json(&ctx, &roof, hold.is_some(), evict.is_some(), &all)?;
     } else {
-        report::table(&ctx, &roof, hold.is_some(), &all);
+        report::table(&ctx, &roof, hold.is_some(), evict.is_some(), &all);
     }
     if let Some(path) = &args.svg {
         report::svg(path, &ctx, &all)?;

@@ -27,13 +27,42 @@ const WARMUP: usize = 2;
 const HOLD_FIRST_MS: f64 = 300.0;
 const HOLD_RUN_MS: f64 = 5.0;
 
-/// Before run `run` of a pass, and before anything of that run is recorded or uploaded: the
-/// clock hold, if the bench holds clocks.
-fn hold_before(ctx: &Context, hold: Option<&ClockHold>, run: usize) -> Result<()> {
-    match hold {
-        Some(h) => h.run_for(ctx, if run == 0 { HOLD_FIRST_MS } else { HOLD_RUN_MS }),
-        None => Ok(()),
+/// Bytes of host memory [`Evictor`] writes before each run: several times any last-level
+/// cache it should empty.
+const EVICT_BYTES: usize = 128 << 20;
+
+/// `--evict-caches`: host memory written, a word per 64-byte line, before each run (outside
+/// the timed span), so that the run finds none of its data in the host CPU's caches. On a CPU
+/// adapter (lavapipe) those are the device's caches: a step then runs as it does after other
+/// work has used the caches, which is how this bench reproduces the slow runs of a shared
+/// machine (docs/perf.md). On a GPU it leaves the device's caches as they are.
+pub struct Evictor(std::cell::RefCell<Vec<u64>>);
+
+impl Evictor {
+    pub fn new() -> Self {
+        Evictor(std::cell::RefCell::new(vec![0; EVICT_BYTES / 8]))
     }
+
+    fn run(&self) {
+        let mut v = self.0.borrow_mut();
+        let x = v[0].wrapping_add(1);
+        for w in v.iter_mut().step_by(8) {
+            *w = x;
+        }
+        std::hint::black_box(&*v);
+    }
+}
+
+/// Before run `run` of a pass, and before anything of that run is recorded or uploaded: the
+/// clock hold, if the bench holds clocks, then the cache eviction, if asked for.
+fn before_run(j: &Job, run: usize) -> Result<()> {
+    if let Some(h) = j.hold {
+        h.run_for(j.ctx, if run == 0 { HOLD_FIRST_MS } else { HOLD_RUN_MS })?;
+    }
+    if let Some(e) = j.evict {
+        e.run();
+    }
+    Ok(())
 }
 
 /// Progress on stderr: runs are long on software adapters. `what`: the wall-clock runs or the
@@ -87,7 +116,7 @@ fn timed_pass(
     let (mut walls, mut stages) = (Vec::new(), Vec::new());
     for run in 0..WARMUP + runs {
         progress(preset, what, run, runs);
-        hold_before(ctx, j.hold, run)?;
+        before_run(j, run)?;
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         if let Some(t) = &mut timer {
             t.clear();
@@ -195,7 +224,7 @@ fn skipped(preset: &str, dt: DType, why: String) -> Measure {
 }
 
 /// One preset in one type to set up and time: `runs` timed runs after the warm-ups, each run
-/// preceded by the clock hold when `hold` is given.
+/// preceded by the clock hold when `hold` is given and by the cache eviction when `evict` is.
 #[derive(Clone, Copy)]
 pub struct Job<'a> {
     pub ctx: &'a std::sync::Arc<Context>,
@@ -203,6 +232,7 @@ pub struct Job<'a> {
     pub dt: DType,
     pub runs: usize,
     pub hold: Option<&'a ClockHold>,
+    pub evict: Option<&'a Evictor>,
 }
 
 pub fn measure(j: &Job) -> Result<Measure> {
@@ -228,7 +258,7 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
         preset,
         dt,
         runs,
-        hold,
+        ..
     } = *j;
     let total = cached + new;
     let mut cfg = IndexerConfig::qwen(dt, total, batch);
@@ -269,7 +299,7 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
         let (mut walls, mut stages) = (Vec::new(), Vec::new());
         for run in 0..WARMUP + runs {
             progress(preset, what, run, runs);
-            hold_before(ctx, hold, run)?;
+            before_run(j, run)?;
             for (s, k) in keys.iter().enumerate() {
                 ix.append_keys(s, k)?;
             }

@@ -56,9 +56,12 @@ fn variants(ctx: &Context) -> String {
 }
 
 /// The table on stdout: one line per preset and type, then its stages.
-pub fn table(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) {
+pub fn table(ctx: &Context, roof: &Roofline, clock_hold: bool, evict: bool, all: &[Measure]) {
     println!("adapter: {}", ctx.describe());
     println!("clock hold: {}", if clock_hold { "on" } else { "off" });
+    if evict {
+        println!("caches: evicted before each run (128 MiB of host memory written)");
+    }
     println!("kernels: {}", variants(ctx));
     println!(
         "rooflines: copy {:.2} GB/s (read + write), read {:.2} GB/s (texture {}), f32 multiply-add {:.1} GFLOP/s",
@@ -109,7 +112,13 @@ pub fn table(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) 
 }
 
 /// One JSON object: the adapter, its rooflines and every measure.
-pub fn json(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) -> Result<()> {
+pub fn json(
+    ctx: &Context,
+    roof: &Roofline,
+    clock_hold: bool,
+    evict_caches: bool,
+    all: &[Measure],
+) -> Result<()> {
     let ms: Vec<serde_json::Value> = all
         .iter()
         .map(|m| {
@@ -137,6 +146,7 @@ pub fn json(ctx: &Context, roof: &Roofline, clock_hold: bool, all: &[Measure]) -
         "backend": format!("{:?}", ctx.info.backend),
         "timestamps": ctx.caps.timestamps,
         "clock_hold": clock_hold,
+        "evict_caches": evict_caches,
         "subgroup_size": ctx.caps.subgroup_size,
         "textures": ctx.caps.textures,
         "wide_loads": ctx.caps.wide_loads,
