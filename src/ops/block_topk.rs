@@ -31,7 +31,7 @@ pub const SHADER_SG: &str = "block_topk_sg";
 /// 264 columns per lane, in a private array) and every column fits the ranking's slots
 /// (`SLOTS` in the WGSL, 2112: `MAX_K` and 64 more). 2112 rather than 2048 so that NSA's
 /// selection rows at 8192 compressed tokens (W = 2049) take it too: on lavapipe their
-/// top-k took 0.43–0.86 ms in `wide_sg` and 0.12–0.24 ms here.
+/// top-k took 0.41–0.59 ms in `wide_sg` and 0.12–0.15 ms here.
 pub const SHORT_W: u32 = 2112;
 
 /// The shader and entry point for rows of width `w` and `k` slots on an adapter with
