@@ -14,21 +14,10 @@
 
 //#include common/flags.wgsl
 //#include common/attention.wgsl
-
-// 1 when the page size and the pages per shard are powers of two: the divisions by them are
-// shifts (on llvmpipe an integer division of a vector is eight scalar ones).
-override POW2: u32 = 0u;
+//#include common/attention_route.wgsl
 
 const TK: u32 = 64u;
 const MAX_SHARDS: u32 = 64u;
-const NO_ROW: u32 = 0xffffffffu;
-
-@group(0) @binding(0) var<uniform> P: SparseAttentionParams;
-@group(0) @binding(1) var<storage, read> seqs: array<u32>;           // [N+1 | N | N·max_pages] u32: row_offsets, cache_lengths, page_table
-@group(0) @binding(2) var<storage, read> token_indices: array<i32>;  // [T, Hs, W] i32
-@group(0) @binding(3) var<storage, read> token_count: array<i32>;    // [T, Hs] i32
-@group(0) @binding(4) var<storage, read_write> routes: array<u32>;   // [rows, Hs, shards + 1 + W] u32
-@group(0) @binding(5) var<storage, read_write> flags: atomic<u32>;
 
 // Per shard: entries counted (pass 1), then the next free slot (pass 2).
 var<workgroup> cursor: array<atomic<u32>, MAX_SHARDS>;
@@ -36,59 +25,6 @@ var<workgroup> cursor: array<atomic<u32>, MAX_SHARDS>;
 var<workgroup> bits: array<atomic<u32>, 256>;
 // The row's sequence, position and token count (0 when the row is unusable).
 var<workgroup> row_info: vec4<u32>;
-
-// Sequence of row t: the last n with row_offsets[n] <= t.
-fn seq_of(t: u32) -> u32 {
-    var lo = 0u;
-    var hi = P.n;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (seqs[mid] <= t) { lo = mid; } else { hi = mid; }
-    }
-    return lo;
-}
-
-// x / d and x % d for d = the page size or the pages per shard.
-fn div_by(x: u32, d: u32) -> u32 {
-    if (POW2 != 0u) {
-        return x >> countTrailingZeros(d);
-    }
-    return x / d;
-}
-fn rem_by(x: u32, d: u32) -> u32 {
-    if (POW2 != 0u) {
-        return x & (d - 1u);
-    }
-    return x % d;
-}
-
-// (shard, offset in the shard) of token `tok` of sequence n, or (NO_ROW, 0) — flagged when
-// `flag` — when the token lies outside 0 ..= p or its page-table column or page is out of range.
-fn resolve(n: u32, p: u32, tok: i32, flag: bool) -> vec2<u32> {
-    var f = 0u;
-    var r = vec2<u32>(NO_ROW, 0u);
-    if (tok < 0 || u32(tok) > p) {
-        f = FLAG_TOKEN;
-    } else {
-        let pos = u32(tok);
-        let col = div_by(pos, P.page_size);
-        if (col >= P.max_pages) {
-            f = FLAG_PAGE_SLOT;
-        } else {
-            let page = seqs[2u * P.n + 1u + n * P.max_pages + col];
-            if (page >= P.num_pages) {
-                f = FLAG_PAGE;
-            } else {
-                r = vec2<u32>(div_by(page, P.shard_pages), rem_by(page, P.shard_pages) * P.page_stride
-                              + rem_by(pos, P.page_size) * P.hkv * pool_dim());
-            }
-        }
-    }
-    if (flag && f != 0u) {
-        atomicOr(&flags, f);
-    }
-    return r;
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -101,20 +37,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let g = id % P.hs;
     let t = P.row_base + rr;
     if (lid == 0u) {
-        var info = vec4<u32>(0u);
-        let n = seq_of(t);
-        let start = seqs[n];
-        if (t < start || t >= seqs[n + 1u]) {
-            atomicOr(&flags, FLAG_LENGTHS);
-        } else {
-            var cnt = token_count[t * P.hs + g];
-            if (cnt < 0 || u32(cnt) > P.w) {
-                atomicOr(&flags, FLAG_COUNT);
-                cnt = clamp(cnt, 0, i32(P.w));
-            }
-            info = vec4<u32>(n, seqs[P.n + 1u + n] + (t - start), u32(cnt), 0u);
-        }
-        row_info = info;
+        row_info = vec4<u32>(route_info(t, g, true), 0u);
     }
     for (var i = lid; i < MAX_SHARDS; i += TK) {
         atomicStore(&cursor[i], 0u);

@@ -64,6 +64,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/attention_sg.wgsl"),
     ),
     (
+        "common/attention_route.wgsl",
+        include_str!("../shaders/common/attention_route.wgsl"),
+    ),
+    (
         "qsa_prepare.wgsl",
         include_str!("../shaders/qsa_prepare.wgsl"),
     ),
@@ -166,6 +170,10 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "sparse_attention_route.wgsl",
         include_str!("../shaders/sparse_attention_route.wgsl"),
+    ),
+    (
+        "sparse_attention_route_sg.wgsl",
+        include_str!("../shaders/sparse_attention_route_sg.wgsl"),
     ),
     (
         "sparse_attention_combine.wgsl",

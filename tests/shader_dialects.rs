@@ -88,7 +88,8 @@ fn browser_dialect_only_enables_subgroups() {
             "nsa_compress_attention_values_sg",
             "nsa_compress_attention_values_sg_w32",
             "sparse_attention_sg",
-            "sparse_attention_sg_w32"
+            "sparse_attention_sg_w32",
+            "sparse_attention_route_sg"
         ]
     );
 }

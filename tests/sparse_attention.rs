@@ -13,10 +13,11 @@ mod util;
 
 use qsa_wgpu::gpu::{GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
-    cpu, encode_attention, encode_attention_sharded, gpu, heads_per_pass, pack_seqs, params_kv,
-    plan_attention, scratch_buffer, subgroup_rows_full, subgroup_slots, subgroup_words, validate,
-    AttentionBuffers, ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs,
-    SparseAttentionParams, SG_QUADS, SUBGROUP_PASS, SUBGROUP_PASS_W32,
+    cpu, dispatch_attention, encode_attention, encode_attention_sharded, gpu, heads_per_pass,
+    pack_seqs, params_kv, plan_attention, route_subgroup_pass, scratch_buffer, subgroup_rows_full,
+    subgroup_slots, subgroup_words, validate, AttentionBuffers, ShardedAttentionBuffers,
+    SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams, ROUTE, ROUTE_SG, SG_QUADS,
+    SUBGROUP_PASS, SUBGROUP_PASS_W32,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -970,4 +971,154 @@ fn subgroup_slots_fit_and_cover_every_quad() {
             }
         }
     }
+}
+
+/// Runs only the routing stage of `p` on `ctx`, the pool in shards of `sp` pages, with the
+/// device's lists and counts replaced by `lists` (device data past the host checks) and the
+/// `seqs` image edited by `edit`: the routes buffer's words and the flag word.
+fn route_only(
+    ctx: &qsa_wgpu::gpu::Context,
+    p: &Problem,
+    lists: (&Tensor, &Tensor),
+    sp: usize,
+    edit: fn(&mut Vec<u32>),
+) -> (Vec<u32>, u32) {
+    let x = p.inputs();
+    let plan = validate(&x, &p.attrs).unwrap();
+    let prm: SparseAttentionParams = params_kv(&plan.geo, plan.e, plan.ev).unwrap();
+    let mut seqs = pack_seqs(&plan.offsets, &plan.cache, &plan.table)
+        .to_i64()
+        .iter()
+        .map(|&v| v as u32)
+        .collect::<Vec<u32>>();
+    edit(&mut seqs);
+    let up = |t: &Tensor| GpuTensor::upload(ctx, "test", t).unwrap();
+    let (query, seqs) = (up(x.query), up(&Tensor::from_u32(&[seqs.len()], &seqs)));
+    let (tokens, counts) = (up(lists.0), up(lists.1));
+    let out =
+        GpuTensor::filled(ctx, "out", plan.dt, &[plan.geo.t, plan.geo.h, plan.ev], 0).unwrap();
+    let flags = up(&Tensor::from_u32(&[1], &[0]));
+    let l = plan.geo.layout;
+    let shards: Vec<GpuTensor> = (0..l.num_pages)
+        .step_by(sp)
+        .map(|lo| {
+            let pages = sp.min(l.num_pages - lo);
+            GpuTensor::filled(ctx, "test.pool", plan.dt, &[pages * l.page_stride], 0).unwrap()
+        })
+        .collect();
+    let cap = ctx.limits.max_storage_buffer_binding_size;
+    let ap = plan_attention(ctx, &prm, sp, cap, cap).unwrap();
+    let partials = scratch_buffer(ctx, "test.partials", ap.partials_bytes);
+    let routes = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test.routes"),
+        size: ap.routes_bytes.div_ceil(16) * 16,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let b = ShardedAttentionBuffers {
+        query: &query.buffer,
+        pool: shards.iter().map(|s| &s.buffer).collect(),
+        shard_pages: sp,
+        seqs: &seqs.buffer,
+        token_indices: &tokens.buffer,
+        token_count: &counts.buffer,
+        sinks: None,
+        out: &out.buffer,
+        flags: &flags.buffer,
+        partials: &partials,
+        routes: &routes,
+    };
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let steps = dispatch_attention(ctx, plan.dt, &ap, &b).unwrap();
+    let mut n = 0;
+    for (step, d) in steps {
+        if step.shader == ROUTE {
+            pollster::block_on(qsa_wgpu::ops::common::encode(ctx, &mut enc, d)).unwrap();
+            n += 1;
+        }
+    }
+    assert_eq!(n, 1, "one chunk of rows, one routing dispatch");
+    pollster::block_on(ctx.submit("test", enc)).unwrap();
+    let got = Readback::new(ctx, &[(&routes, routes.size()), (&flags.buffer, 4)])
+        .blocking(ctx)
+        .unwrap();
+    let words = got[0]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (words, u32::from_le_bytes(got[1][..4].try_into().unwrap()))
+}
+
+/// The routing stage's subgroup variant (8-lane subgroups, at most 8 pool shards) against the
+/// generic kernel (subgroups disabled): the routes buffer word for word and the same flags, over
+/// 1, 2, 4, 5 and 8 shards and 9 (which both contexts route with the generic kernel), lists with
+/// bad tokens among the counted ones, counts past W and below 0, a page-table entry past the
+/// pool, and rows whose lists are full, partial or empty.
+#[test]
+fn subgroup_and_generic_routes_agree() {
+    let ctx = util::ctx();
+    if ctx.caps.subgroup_size != Some(8) {
+        eprintln!(
+            "no 8-lane subgroups on {}: the generic route only",
+            ctx.describe()
+        );
+        return;
+    }
+    let generic = util::portable_ctx();
+    let mut rng = Rng::new(0x2077e);
+    let s = shape(4, 1, 2, 32, 300);
+    let d = data(&mut rng, &s, &[(700, 3), (0, 2), (300, 1)], false);
+    let np = pages(&s, &d);
+    let order = rng.permutation(np);
+    let p = problem(&mut rng, DType::F32, &s, &d, order);
+    // The device's lists: row 0, group 1 full, with bad tokens among the counted ones
+    // (negative, past the row's position); row 1 with a count past W, then one below 0; row 3
+    // (the second sequence's first row, position 0) with nothing but its own token.
+    let w = s.w;
+    let (mut tokens, mut counts) = (d.tokens.clone(), d.counts.clone());
+    counts[1] = w as i32;
+    for (j, bad) in [(0usize, -5i32), (17, 703), (299, i32::MIN)] {
+        tokens[w + j] = bad;
+    }
+    counts[2] = w as i32 + 7;
+    counts[3] = -2;
+    counts[6] = 1;
+    tokens[6 * w] = 0;
+    let tokens = Tensor::from_i32(&p.tokens.shape, &tokens);
+    let counts = Tensor::from_i32(&p.counts.shape, &counts);
+    let none: fn(&mut Vec<u32>) = |_| {};
+    // seqs = [row_offsets (4) | cache_lengths (3) | table]: the first sequence's column 5 past
+    // the pool.
+    let bad_page: fn(&mut Vec<u32>) = |v| v[7 + 5] = 1 << 20;
+    let mut variant = Vec::new();
+    for (sp, edit) in [
+        (np, none),
+        (np.div_ceil(2), none),
+        (np.div_ceil(4), bad_page),
+        (np.div_ceil(5), none),
+        (np.div_ceil(8), none),
+        (np.div_ceil(8), bad_page),
+        (np.div_ceil(9), none),
+    ] {
+        let shards = np.div_ceil(sp);
+        let (want, wf) = route_only(&generic, &p, (&tokens, &counts), sp, edit);
+        let (got, gf) = route_only(&ctx, &p, (&tokens, &counts), sp, edit);
+        assert_eq!(gf, wf, "{shards} shards: flags");
+        assert_ne!(
+            wf, 0,
+            "the lists hold bad entries: some flag must be raised"
+        );
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            panic!(
+                "{shards} shards: routes word {i}: got {}, want {}",
+                got[i], want[i]
+            );
+        }
+        let v = validate(&p.inputs(), &p.attrs).unwrap();
+        let mut prm = params_kv(&v.geo, v.e, v.ev).unwrap();
+        prm.shards = shards as u32;
+        variant.push(route_subgroup_pass(ctx.caps.subgroup_size, &prm));
+    }
+    assert_eq!(variant, [true, true, true, true, true, true, false]);
+    assert!(ctx.cache.built(ROUTE_SG) && !generic.cache.built(ROUTE_SG));
 }
