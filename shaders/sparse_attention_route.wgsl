@@ -33,9 +33,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (id >= P.rows * P.hs) {
         return;
     }
-    let rr = id / P.hs;
-    let g = id % P.hs;
-    let t = P.row_base + rr;
+    let l = list_of(id);
+    let rr = l.x;
+    let g = l.y;
+    let t = l.z;
     if (lid == 0u) {
         row_info = vec4<u32>(route_info(t, g, true), 0u);
     }

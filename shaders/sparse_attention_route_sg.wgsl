@@ -42,9 +42,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (id >= P.rows * P.hs) {
         return;
     }
-    let rr = id / P.hs;
-    let g = id % P.hs;
-    let t = P.row_base + rr;
+    let l = list_of(id);
+    let rr = l.x;
+    let g = l.y;
+    let t = l.z;
     let info = route_info(t, g, sl == 0u);
     let n = info.x;
     let p = info.y;

@@ -69,6 +69,12 @@ fn resolve(n: u32, p: u32, tok: i32, flag: bool) -> vec2<u32> {
     return r;
 }
 
+// The list of workgroup `id`: (row rr of the chunk, selection group g, query row t).
+fn list_of(id: u32) -> vec3<u32> {
+    let rr = id / P.hs;
+    return vec3<u32>(rr, id % P.hs, P.row_base + rr);
+}
+
 // The (sequence n, position p, token count) of list (t, g), each 0 when the row is unusable
 // (a flag raised when `flag`): a row outside its sequence's rows, or a count out of 0 ..= W
 // (then clamped).
