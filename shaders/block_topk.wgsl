@@ -29,7 +29,7 @@
 //    counts its winners, an exclusive scan (16 groups of 16, then the group sums) gives its
 //    first position, and a second pass stores keys in `skey` (vec4 words, 8 KiB for 2048) and
 //    columns as u16 pairs in `scol` (atomicOr: two invocations may share a word). Wide rows
-//    mark the winners in a 256-bit mask while counting, and the second pass walks the set
+//    mark the winners in a bit mask (set_bits) while counting, and the second pass walks the set
 //    bits: one iteration per winner, not per column.
 // 4. Rank by counting, no sort network: invocation t owns positions 8t .. 8t+7 (keys in two
 //    vec4 registers) and reads every key once, four per workgroup access; an entry's rank is

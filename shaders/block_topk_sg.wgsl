@@ -287,16 +287,15 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     // each u_j, per lane (q) and over the lanes before it (ex) and all (all), in 16-bit fields.
     let top = max(e.x, lo);
     let u = thresholds16(lo, (top - lo) / 16u + 1u);
-    var ma = vec4<u32>(0u);  // the lane's winners: bits 0 … 255 of its chunk
+    var ma = vec4<u32>(0u);  // the lane's winners, a bit per column of its chunk
     var mb = vec4<u32>(0u);
-    var mc = 0u;             // … and 256 … 263 (W > 2048)
+    var mc = 0u;
     var qa = vec4<u32>(0u);
     var qb = vec4<u32>(0u);
     for (var c = c0; c < c1; c += 4u) {
         let x = kv[(c - c0) >> 2u];
         let b = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), x >= vec4<u32>(lo));
-        set_bits(&ma, &mb, c - c0, b.x | b.y | b.z | b.w);
-        mc |= select(0u, (b.x | b.y | b.z | b.w) << ((c - c0) & 31u), c - c0 >= 256u);
+        set_bits(&ma, &mb, &mc, c - c0, b.x | b.y | b.z | b.w);
         qa += count2(x, u[0], u[1]);
         qb += count2(x, u[2], u[3]);
     }
@@ -325,7 +324,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     var rb = vec4<u32>(0u);
     let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
     for (var wi = 0u; wi < words; wi++) {
-        var bits = select(mask_word(ma, mb, wi), mc, wi == 8u);
+        var bits = mask_word(ma, mb, mc, wi);
         loop {
             if (bits == 0u) {
                 break;

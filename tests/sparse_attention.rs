@@ -11,13 +11,13 @@
 
 mod util;
 
-use qsa_wgpu::gpu::{GpuTensor, Readback};
+use qsa_wgpu::gpu::{Context, GpuTensor, Readback};
 use qsa_wgpu::ops::sparse_attention::{
     cpu, dispatch_attention, encode_attention, encode_attention_sharded, gpu, heads_per_pass,
     pack_seqs, params_kv, plan_attention, route_subgroup_pass, scratch_buffer, subgroup_rows_full,
-    subgroup_slots, subgroup_words, validate, AttentionBuffers, ShardedAttentionBuffers,
-    SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams, ROUTE, ROUTE_SG, SG_QUADS,
-    SUBGROUP_PASS, SUBGROUP_PASS_W32,
+    subgroup_slots, subgroup_words, validate, AttentionBuffers, AttentionPlan,
+    ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
+    ROUTE, ROUTE_SG, SG_QUADS, SUBGROUP_PASS, SUBGROUP_PASS_W32,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
@@ -400,10 +400,24 @@ struct Run {
     seqs: Option<fn(&mut Vec<u32>)>,
 }
 
-/// Runs `p` through `encode_attention` / `encode_attention_sharded`; returns the output and the
-/// flag word.
-fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
-    let ctx = util::ctx();
+/// A problem's call on the device: its uploaded inputs (the `seqs` image edited by `run.seqs`;
+/// the token lists and counts `lists` where given, device data past the host checks), its
+/// output (0xff bytes) and flag word, and the uniform block (`run.split_len` applied).
+struct Uploaded {
+    dt: DType,
+    layout: PoolLayout,
+    shape: Vec<usize>,
+    prm: SparseAttentionParams,
+    query: GpuTensor,
+    seqs: GpuTensor,
+    tokens: GpuTensor,
+    counts: GpuTensor,
+    sinks: Option<GpuTensor>,
+    out: GpuTensor,
+    flags: GpuTensor,
+}
+
+fn upload(ctx: &Context, p: &Problem, run: &Run, lists: Option<(&Tensor, &Tensor)>) -> Uploaded {
     let x = p.inputs();
     let plan = validate(&x, &p.attrs).unwrap();
     let mut prm: SparseAttentionParams = params_kv(&plan.geo, plan.e, plan.ev).unwrap();
@@ -419,74 +433,129 @@ fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
     if let Some(edit) = run.seqs {
         edit(&mut seqs);
     }
-    let up = |t: &Tensor| GpuTensor::upload(&ctx, "test", t).unwrap();
-    let query = up(x.query);
-    let seqs = up(&Tensor::from_u32(&[seqs.len()], &seqs));
-    let (tokens, counts) = (up(x.token_indices), up(x.token_count));
-    let sinks = x.sinks.map(up);
+    let up = |t: &Tensor| GpuTensor::upload(ctx, "test", t).unwrap();
+    let (tokens, counts) = lists.unwrap_or((x.token_indices, x.token_count));
     let shape = vec![plan.geo.t, plan.geo.h, plan.ev];
-    let out = GpuTensor::filled(&ctx, "out", plan.dt, &shape, 0xff).unwrap();
-    let flags = up(&Tensor::from_u32(&[1], &[0]));
+    Uploaded {
+        dt: plan.dt,
+        layout: plan.geo.layout,
+        out: GpuTensor::filled(ctx, "out", plan.dt, &shape, 0xff).unwrap(),
+        shape,
+        prm,
+        query: up(x.query),
+        seqs: up(&Tensor::from_u32(&[seqs.len()], &seqs)),
+        tokens: up(tokens),
+        counts: up(counts),
+        sinks: x.sinks.map(up),
+        flags: up(&Tensor::from_u32(&[1], &[0])),
+    }
+}
+
+/// The pool of `p` in shards of `sp` pages on the device (shard k holds pages k·sp … as laid out
+/// in the whole pool), with the plan for them and its scratch buffers (routes readable).
+struct Shards {
+    sp: usize,
+    pool: Vec<GpuTensor>,
+    plan: AttentionPlan,
+    partials: wgpu::Buffer,
+    routes: wgpu::Buffer,
+}
+
+impl Shards {
+    fn new(ctx: &Context, p: &Problem, u: &Uploaded, sp: usize) -> Self {
+        let (l, es) = (u.layout, u.dt.size());
+        let bytes = &p.pool.data;
+        let pool = (0..l.num_pages)
+            .step_by(sp)
+            .map(|lo| {
+                let a = lo * l.page_stride * es;
+                let b = (((lo + sp).min(l.num_pages) * l.page_stride) * es).min(bytes.len());
+                let t = Tensor::from_bytes(u.dt, &[(b - a) / es], bytes[a..b].to_vec()).unwrap();
+                GpuTensor::upload(ctx, "test.pool", &t).unwrap()
+            })
+            .collect();
+        let cap = ctx.limits.max_storage_buffer_binding_size;
+        let plan = plan_attention(ctx, &u.prm, sp, cap, cap).unwrap();
+        let routes = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("test.routes"),
+            size: plan.routes_bytes.div_ceil(16) * 16,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Shards {
+            sp,
+            pool,
+            partials: scratch_buffer(ctx, "test.partials", plan.partials_bytes),
+            plan,
+            routes,
+        }
+    }
+
+    fn buffers<'a>(&'a self, u: &'a Uploaded) -> ShardedAttentionBuffers<'a> {
+        ShardedAttentionBuffers {
+            query: &u.query.buffer,
+            pool: self.pool.iter().map(|s| &s.buffer).collect(),
+            shard_pages: self.sp,
+            seqs: &u.seqs.buffer,
+            token_indices: &u.tokens.buffer,
+            token_count: &u.counts.buffer,
+            sinks: u.sinks.as_ref().map(|s| &s.buffer),
+            out: &u.out.buffer,
+            flags: &u.flags.buffer,
+            partials: &self.partials,
+            routes: &self.routes,
+        }
+    }
+}
+
+/// The flag word from its readback bytes.
+fn flag_of(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes[..4].try_into().unwrap())
+}
+
+/// Runs `p` through `encode_attention` / `encode_attention_sharded`; returns the output and the
+/// flag word.
+fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
+    let ctx = util::ctx();
+    let u = upload(&ctx, p, run, None);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    let l = plan.geo.layout;
     match run.shard_pages {
         None => {
-            let pool = up(x.kv_blocks);
+            let pool = GpuTensor::upload(&ctx, "test", &p.pool).unwrap();
             let b = AttentionBuffers {
-                query: &query.buffer,
+                query: &u.query.buffer,
                 pool: &pool.buffer,
-                seqs: &seqs.buffer,
-                token_indices: &tokens.buffer,
-                token_count: &counts.buffer,
-                sinks: sinks.as_ref().map(|s| &s.buffer),
-                out: &out.buffer,
-                flags: &flags.buffer,
+                seqs: &u.seqs.buffer,
+                token_indices: &u.tokens.buffer,
+                token_count: &u.counts.buffer,
+                sinks: u.sinks.as_ref().map(|s| &s.buffer),
+                out: &u.out.buffer,
+                flags: &u.flags.buffer,
             };
-            pollster::block_on(encode_attention(&ctx, &mut enc, plan.dt, &prm, &b)).unwrap();
+            pollster::block_on(encode_attention(&ctx, &mut enc, u.dt, &u.prm, &b)).unwrap();
         }
         Some(sp) => {
-            // Shard k holds pages k·sp … as laid out in the whole pool.
-            let es = plan.dt.size();
-            let bytes = &x.kv_blocks.data;
-            let shards: Vec<GpuTensor> = (0..l.num_pages)
-                .step_by(sp)
-                .map(|lo| {
-                    let a = lo * l.page_stride * es;
-                    let b = (((lo + sp).min(l.num_pages) * l.page_stride) * es).min(bytes.len());
-                    let t =
-                        Tensor::from_bytes(plan.dt, &[(b - a) / es], bytes[a..b].to_vec()).unwrap();
-                    up(&t)
-                })
-                .collect();
-            let cap = ctx.limits.max_storage_buffer_binding_size;
-            let ap = plan_attention(&ctx, &prm, sp, cap, cap).unwrap();
-            let partials = scratch_buffer(&ctx, "test.partials", ap.partials_bytes);
-            let routes = scratch_buffer(&ctx, "test.routes", ap.routes_bytes);
-            let b = ShardedAttentionBuffers {
-                query: &query.buffer,
-                pool: shards.iter().map(|s| &s.buffer).collect(),
-                shard_pages: sp,
-                seqs: &seqs.buffer,
-                token_indices: &tokens.buffer,
-                token_count: &counts.buffer,
-                sinks: sinks.as_ref().map(|s| &s.buffer),
-                out: &out.buffer,
-                flags: &flags.buffer,
-                partials: &partials,
-                routes: &routes,
-            };
-            pollster::block_on(encode_attention_sharded(&ctx, &mut enc, plan.dt, &prm, &b))
-                .unwrap();
+            let sh = Shards::new(&ctx, p, &u, sp);
+            pollster::block_on(encode_attention_sharded(
+                &ctx,
+                &mut enc,
+                u.dt,
+                &u.prm,
+                &sh.buffers(&u),
+            ))
+            .unwrap();
         }
     }
     pollster::block_on(ctx.submit("test", enc)).unwrap();
-    let got = Readback::new(&ctx, &[(&out.buffer, out.bytes()), (&flags.buffer, 4)])
-        .blocking(&ctx)
-        .unwrap();
-    let f = u32::from_le_bytes(got[1][..4].try_into().unwrap());
+    let got = Readback::new(
+        &ctx,
+        &[(&u.out.buffer, u.out.bytes()), (&u.flags.buffer, 4)],
+    )
+    .blocking(&ctx)
+    .unwrap();
     (
-        Tensor::from_bytes(plan.dt, &shape, got[0].clone()).unwrap(),
-        f,
+        Tensor::from_bytes(u.dt, &u.shape, got[0].clone()).unwrap(),
+        flag_of(&got[1]),
     )
 }
 
@@ -977,61 +1046,21 @@ fn subgroup_slots_fit_and_cover_every_quad() {
 /// device's lists and counts replaced by `lists` (device data past the host checks) and the
 /// `seqs` image edited by `edit`: the routes buffer's words and the flag word.
 fn route_only(
-    ctx: &qsa_wgpu::gpu::Context,
+    ctx: &Context,
     p: &Problem,
     lists: (&Tensor, &Tensor),
     sp: usize,
     edit: fn(&mut Vec<u32>),
 ) -> (Vec<u32>, u32) {
-    let x = p.inputs();
-    let plan = validate(&x, &p.attrs).unwrap();
-    let prm: SparseAttentionParams = params_kv(&plan.geo, plan.e, plan.ev).unwrap();
-    let mut seqs = pack_seqs(&plan.offsets, &plan.cache, &plan.table)
-        .to_i64()
-        .iter()
-        .map(|&v| v as u32)
-        .collect::<Vec<u32>>();
-    edit(&mut seqs);
-    let up = |t: &Tensor| GpuTensor::upload(ctx, "test", t).unwrap();
-    let (query, seqs) = (up(x.query), up(&Tensor::from_u32(&[seqs.len()], &seqs)));
-    let (tokens, counts) = (up(lists.0), up(lists.1));
-    let out =
-        GpuTensor::filled(ctx, "out", plan.dt, &[plan.geo.t, plan.geo.h, plan.ev], 0).unwrap();
-    let flags = up(&Tensor::from_u32(&[1], &[0]));
-    let l = plan.geo.layout;
-    let shards: Vec<GpuTensor> = (0..l.num_pages)
-        .step_by(sp)
-        .map(|lo| {
-            let pages = sp.min(l.num_pages - lo);
-            GpuTensor::filled(ctx, "test.pool", plan.dt, &[pages * l.page_stride], 0).unwrap()
-        })
-        .collect();
-    let cap = ctx.limits.max_storage_buffer_binding_size;
-    let ap = plan_attention(ctx, &prm, sp, cap, cap).unwrap();
-    let partials = scratch_buffer(ctx, "test.partials", ap.partials_bytes);
-    let routes = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("test.routes"),
-        size: ap.routes_bytes.div_ceil(16) * 16,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    let b = ShardedAttentionBuffers {
-        query: &query.buffer,
-        pool: shards.iter().map(|s| &s.buffer).collect(),
-        shard_pages: sp,
-        seqs: &seqs.buffer,
-        token_indices: &tokens.buffer,
-        token_count: &counts.buffer,
-        sinks: None,
-        out: &out.buffer,
-        flags: &flags.buffer,
-        partials: &partials,
-        routes: &routes,
+    let run = Run {
+        seqs: Some(edit),
+        ..Default::default()
     };
+    let u = upload(ctx, p, &run, Some(lists));
+    let sh = Shards::new(ctx, p, &u, sp);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    let steps = dispatch_attention(ctx, plan.dt, &ap, &b).unwrap();
     let mut n = 0;
-    for (step, d) in steps {
+    for (step, d) in dispatch_attention(ctx, u.dt, &sh.plan, &sh.buffers(&u)).unwrap() {
         if step.shader == ROUTE {
             pollster::block_on(qsa_wgpu::ops::common::encode(ctx, &mut enc, d)).unwrap();
             n += 1;
@@ -1039,14 +1068,14 @@ fn route_only(
     }
     assert_eq!(n, 1, "one chunk of rows, one routing dispatch");
     pollster::block_on(ctx.submit("test", enc)).unwrap();
-    let got = Readback::new(ctx, &[(&routes, routes.size()), (&flags.buffer, 4)])
+    let got = Readback::new(ctx, &[(&sh.routes, sh.routes.size()), (&u.flags.buffer, 4)])
         .blocking(ctx)
         .unwrap();
     let words = got[0]
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    (words, u32::from_le_bytes(got[1][..4].try_into().unwrap()))
+    (words, flag_of(&got[1]))
 }
 
 /// The routing stage's subgroup variant (8-lane subgroups, at most 8 pool shards) against the

@@ -123,17 +123,20 @@ fn chunk_of(lid: u32) -> vec3<u32> {
 }
 
 // Marks columns o .. o + 3 of the chunk (bits, o a multiple of 4 or bits one bit) in the
-// 256-bit mask (ma, mb).
-fn set_bits(ma: ptr<function, vec4<u32>>, mb: ptr<function, vec4<u32>>, o: u32, bits: u32) {
+// 288-bit mask (ma, mb, mc): words 0 … 3, 4 … 7 and 8 (a `wide` chunk has at most 256 columns,
+// a `row_sg` lane's at most 264).
+fn set_bits(ma: ptr<function, vec4<u32>>, mb: ptr<function, vec4<u32>>, mc: ptr<function, u32>,
+            o: u32, bits: u32) {
     let w = vec4<u32>(o >> 5u);
     let b = vec4<u32>(bits << (o & 31u));
     *ma |= select(vec4<u32>(0u), b, w == vec4<u32>(0u, 1u, 2u, 3u));
     *mb |= select(vec4<u32>(0u), b, w == vec4<u32>(4u, 5u, 6u, 7u));
+    *mc |= select(0u, b.x, w.x == 8u);
 }
 
-// Word wi (0 ..= 7) of the 256-bit mask (ma, mb).
-fn mask_word(ma: vec4<u32>, mb: vec4<u32>, wi: u32) -> u32 {
-    return select(mb[wi & 3u], ma[wi & 3u], wi < 4u);
+// Word wi (0 ..= 8) of the 288-bit mask (ma, mb, mc).
+fn mask_word(ma: vec4<u32>, mb: vec4<u32>, mc: u32, wi: u32) -> u32 {
+    return select(select(mb[wi & 3u], ma[wi & 3u], wi < 4u), mc, wi == 8u);
 }
 
 // The lowest set bit of *bits (not 0), cleared.
@@ -477,6 +480,7 @@ fn wide_select(id: u32, lid: u32) {
     var mine = 0u;
     var ma = vec4<u32>(0u);  // which columns of the chunk are selected: bits 0 .. 127
     var mb = vec4<u32>(0u);  // ... 128 .. 255
+    var mc = 0u;             // (none past 255: a chunk here has at most 256 columns)
     for (var attempt = 0u; attempt < 2u; attempt++) {
         radix_select(base, lid);  // nothing when the sampled threshold stands
         workgroupBarrier();
@@ -488,12 +492,12 @@ fn wide_select(id: u32, lid: u32) {
         mb = vec4<u32>(0u);
         if (v4) {
             for (var c = c0; c < c1; c += 4u) {
-                set_bits(&ma, &mb, c - c0, sel4(scores[(base + c) >> 2u], c, th, tl, mh, ml));
+                set_bits(&ma, &mb, &mc, c - c0, sel4(scores[(base + c) >> 2u], c, th, tl, mh, ml));
             }
         } else {
             for (var c = c0; c < c1; c++) {
                 let one = u32(selected(key_of(score_bits(base + c)), 0xffffu - c, th, tl, mh, ml));
-                set_bits(&ma, &mb, c - c0, one);
+                set_bits(&ma, &mb, &mc, c - c0, one);
             }
         }
         let pc = countOneBits(ma) + countOneBits(mb);
@@ -518,7 +522,7 @@ fn wide_select(id: u32, lid: u32) {
     var pos = sfx[lid] + part[lid >> 4u];
     let words = select(0u, (c1 - c0 + 31u) / 32u, mine != 0u);
     for (var wi = 0u; wi < words; wi++) {
-        var bits = mask_word(ma, mb, wi);
+        var bits = mask_word(ma, mb, mc, wi);
         loop {
             if (bits == 0u) {
                 break;

@@ -181,7 +181,10 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     );
     let evict = args.evict_caches.then(presets::Evictor::new);
     if evict.is_some() {
-        eprintln!("caches: 128 MiB of host memory written before each run");
+        eprintln!(
+            "caches: {} MiB of host memory written before each run",
+            presets::EVICT_BYTES >> 20
+        );
     }
     let mut all = Vec::new();
     let total = presets.len() * dtypes.len();

@@ -29,7 +29,7 @@ const HOLD_RUN_MS: f64 = 5.0;
 
 /// Bytes of host memory [`Evictor`] writes before each run: several times any last-level
 /// cache it should empty.
-const EVICT_BYTES: usize = 128 << 20;
+pub const EVICT_BYTES: usize = 128 << 20;
 
 /// `--evict-caches`: host memory written, a word per 64-byte line, before each run (outside
 /// the timed span), so that the run finds none of its data in the host CPU's caches. On a CPU

@@ -60,7 +60,10 @@ pub fn table(ctx: &Context, roof: &Roofline, clock_hold: bool, evict: bool, all:
     println!("adapter: {}", ctx.describe());
     println!("clock hold: {}", if clock_hold { "on" } else { "off" });
     if evict {
-        println!("caches: evicted before each run (128 MiB of host memory written)");
+        println!(
+            "caches: evicted before each run ({} MiB of host memory written)",
+            super::presets::EVICT_BYTES >> 20
+        );
     }
     println!("kernels: {}", variants(ctx));
     println!(
