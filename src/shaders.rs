@@ -1,6 +1,8 @@
 //! The WGSL sources, embedded at build time, and their assembly: an operator shader names the
 //! common files it needs with `//#include common/<file>.wgsl` lines, which are replaced by the
-//! file's text (each file at most once). Native and browser builds use the same sources; where
+//! file's text (each file at most once). A `//#expand common/<file>.wgsl NAME=value …` line is
+//! replaced by the file's text every time, each `$NAME` in it by its value (the subgroup
+//! attention pass writes its loop over a shard once and expands it per pool binding). Native and browser builds use the same sources; where
 //! naga's WGSL and the browsers' differ, [`assemble_for`] applies the difference.
 
 use crate::error::{Error, Result};
@@ -62,6 +64,10 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "common/attention_sg.wgsl",
         include_str!("../shaders/common/attention_sg.wgsl"),
+    ),
+    (
+        "common/attention_sg_shard.wgsl",
+        include_str!("../shaders/common/attention_sg_shard.wgsl"),
     ),
     (
         "common/attention_route.wgsl",
@@ -283,6 +289,37 @@ pub fn assemble(name: &str) -> Result<String> {
     Ok(out)
 }
 
+/// The text of an `//#expand <path> NAME=value …` line's file with each `$NAME` replaced by
+/// its value; a placeholder left without a value is an error.
+fn instantiate(name: &str, args: &str) -> Result<String> {
+    let err = |msg: String| Error::Shader {
+        name: name.to_string(),
+        msg,
+    };
+    let mut words = args.split_whitespace();
+    let path = words.next().unwrap_or("");
+    let mut text = file(path)
+        .ok_or_else(|| err(format!("expansion of unknown file `{path}`")))?
+        .to_string();
+    for w in words {
+        let (k, v) = w
+            .split_once('=')
+            .ok_or_else(|| err(format!("expansion of `{path}`: `{w}` is not NAME=value")))?;
+        text = text.replace(&format!("${k}"), v);
+    }
+    if let Some(i) = text.find('$') {
+        let rest = &text[i..];
+        let end = rest[1..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(rest.len(), |e| e + 1);
+        return Err(err(format!(
+            "expansion of `{path}`: no value for `{}`",
+            &rest[..end]
+        )));
+    }
+    Ok(text)
+}
+
 fn expand(name: &str, src: &str, seen: &mut Vec<String>, out: &mut String) -> Result<()> {
     for line in src.lines() {
         if let Some(path) = line.trim().strip_prefix("//#include ") {
@@ -296,10 +333,44 @@ fn expand(name: &str, src: &str, seen: &mut Vec<String>, out: &mut String) -> Re
                 msg: format!("include of unknown file `{path}`"),
             })?;
             expand(name, inc, seen, out)?;
+        } else if let Some(args) = line.trim().strip_prefix("//#expand ") {
+            let text = instantiate(name, args)?;
+            expand(name, &text, seen, out)?;
         } else {
             out.push_str(line);
             out.push('\n');
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expand_lines_instantiate_their_file_each_time() {
+        let one = instantiate("t", "common/attention_sg_shard.wgsl SLOT=1u").unwrap();
+        assert!(!one.contains('$'));
+        assert!(one.contains("ld_word(1u, kr,") && one.contains("P.shard + 1u"));
+        // Every slot's copy lands in the pass, each naming its slot.
+        let pass = assemble("sparse_attention_sg").unwrap();
+        for k in 0..4 {
+            let head = format!("if (PS > {k}u && ns > {k}u) {{");
+            assert_eq!(pass.matches(&head).count(), 1, "slot {k}");
+        }
+        assert!(!pass.contains('$'));
+    }
+
+    #[test]
+    fn bad_expand_lines_are_errors() {
+        let e = |args: &str| instantiate("t", args).unwrap_err().to_string();
+        let missing = e("common/attention_sg_shard.wgsl");
+        assert!(missing.contains("no value for `$SLOT`"), "{missing}");
+        let other = e("common/attention_sg_shard.wgsl SLOTS=1u");
+        assert!(other.contains("no value for `$SLOT`"), "{other}");
+        assert!(e("common/nope.wgsl").contains("unknown file `common/nope.wgsl`"));
+        let bad = e("common/attention_sg_shard.wgsl SLOT");
+        assert!(bad.contains("`SLOT` is not NAME=value"), "{bad}");
+    }
 }

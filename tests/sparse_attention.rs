@@ -17,11 +17,12 @@ use qsa_wgpu::ops::sparse_attention::{
     pack_seqs, params_kv, plan_attention, route_subgroup_pass, scratch_buffer, subgroup_rows_full,
     subgroup_slots, subgroup_words, validate, AttentionBuffers, AttentionPlan,
     ShardedAttentionBuffers, SparseAttentionAttrs, SparseAttentionInputs, SparseAttentionParams,
-    ROUTE, ROUTE_SG, SG_QUADS, SUBGROUP_PASS, SUBGROUP_PASS_W32,
+    PASS_SHARDS, ROUTE, ROUTE_SG, SG_QUADS, SUBGROUP_PASS, SUBGROUP_PASS_W32,
 };
 use qsa_wgpu::paged::{PagedPool, PoolLayout};
 use qsa_wgpu::testing::{attention_tol, compare, Rng};
 use qsa_wgpu::{DType, Tensor};
+use std::sync::Arc;
 
 /// Geometry of one problem.
 #[derive(Clone, Copy, Debug)]
@@ -398,6 +399,8 @@ struct Run {
     split_len: Option<u32>,
     /// An edit of the `seqs` image (device data past the host checks).
     seqs: Option<fn(&mut Vec<u32>)>,
+    /// The context (`None`: `util::ctx()`).
+    ctx: Option<Arc<Context>>,
 }
 
 /// A problem's call on the device: its uploaded inputs (the `seqs` image edited by `run.seqs`;
@@ -516,7 +519,7 @@ fn flag_of(bytes: &[u8]) -> u32 {
 /// Runs `p` through `encode_attention` / `encode_attention_sharded`; returns the output and the
 /// flag word.
 fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
-    let ctx = util::ctx();
+    let ctx = run.ctx.clone().unwrap_or_else(util::ctx);
     let u = upload(&ctx, p, run, None);
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     match run.shard_pages {
@@ -615,7 +618,12 @@ fn splits_and_their_boundaries() {
 #[test]
 fn sharded_pool_matches_one_buffer() {
     // Pages shuffled over the pool, so each row's tokens spread over the shards; up to 45
-    // shards, shards that do not divide the pool, a strided multi-layer pool.
+    // shards, shards that do not divide the pool, a strided multi-layer pool. Through the
+    // context's partial pass, and through the subgroup pass in 16-byte words and the tiled pass
+    // (each dispatch of the subgroup pass takes up to four shards, the tiled pass one).
+    let narrow = util::narrow_ctx();
+    let tiled = util::portable_ctx();
+    let mut counts = Vec::new();
     let mut rng = Rng::new(32);
     let strided = Shape {
         layers: 2,
@@ -636,7 +644,7 @@ fn sharded_pool_matches_one_buffer() {
         let (one, f) = run_device(&p, &Run::default());
         assert_eq!(f, 0);
         compare(&one, &want, attention_tol(dt)).unwrap();
-        for sp in [2, 3, 7] {
+        for sp in [2, 3, 7, 20] {
             for split_len in [None, Some(256)] {
                 let run = Run {
                     shard_pages: Some(sp),
@@ -650,8 +658,54 @@ fn sharded_pool_matches_one_buffer() {
                 compare(&got, &one, attention_tol(dt))
                     .unwrap_or_else(|e| panic!("{dt} shards of {sp} vs one buffer: {e}"));
             }
+            for c in [&narrow, &tiled] {
+                let run = Run {
+                    shard_pages: Some(sp),
+                    ctx: Some(c.clone()),
+                    ..Default::default()
+                };
+                let (got, f) = run_device(&p, &run);
+                let sub = c.caps.subgroup_size;
+                assert_eq!(f, 0, "{dt} shards of {sp}, subgroups {sub:?}");
+                compare(&got, &want, attention_tol(dt)).unwrap_or_else(|e| {
+                    panic!("{dt} {s:?} shards of {sp}, subgroups {sub:?}: {e}")
+                });
+            }
+        }
+        // The partial dispatches: the subgroup pass takes the shards four at a time, the tiled
+        // pass one at a time (some pools with a last dispatch of fewer than four).
+        let prm = {
+            let v = validate(&p.inputs(), &p.attrs).unwrap();
+            params_kv(&v.geo, v.e, v.ev).unwrap()
+        };
+        for c in [util::ctx(), narrow.clone(), tiled.clone()] {
+            for sp in [2, 3, 7, 20] {
+                let plan = plan_attention(&c, &prm, sp, 1 << 26, 1 << 26).unwrap();
+                let shards = (prm.num_pages as usize).div_ceil(sp);
+                let starts: Vec<usize> = plan
+                    .steps
+                    .iter()
+                    .filter(|st| st.shader == "sparse_attention")
+                    .map(|st| st.shard)
+                    .collect();
+                let step = if plan.steps[0].params.sg != 0 {
+                    PASS_SHARDS
+                } else {
+                    1
+                };
+                let want: Vec<usize> = (0..shards).step_by(step).collect();
+                assert_eq!(starts, want, "{dt} shards of {sp}");
+                counts.push(shards);
+            }
         }
     }
+    assert!(
+        counts
+            .iter()
+            .any(|&n| n > PASS_SHARDS && n % PASS_SHARDS != 0),
+        "{counts:?}"
+    );
+    assert!(counts.iter().any(|&n| n < PASS_SHARDS), "{counts:?}");
 }
 
 #[test]

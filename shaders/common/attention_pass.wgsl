@@ -72,13 +72,17 @@ fn ml_l(r: mat4x4<f32>) -> vec4<f32> {
     return vec4<f32>(r[0].y, r[1].y, r[2].y, r[3].y);
 }
 
-// The entries of split `split` in the shard's part of row list `list` (stage 1 checked every
+// The entries of split `split` in shard k's part of row list `list` (stage 1 checked every
 // entry): (index of the first in `routes`, how many).
-fn split_range(list: u32, split: u32) -> vec2<u32> {
-    let lo = routes[list + P.shard];
-    let count = routes[list + P.shard + 1u] - lo;
+fn split_range_of(list: u32, split: u32, k: u32) -> vec2<u32> {
+    let lo = routes[list + k];
+    let count = routes[list + k + 1u] - lo;
     let a = min(split * P.split_len, count);
     return vec2<u32>(list + P.shards + 1u + lo + a, min(count - a, P.split_len));
+}
+// split_range_of the dispatch's shard P.shard.
+fn split_range(list: u32, split: u32) -> vec2<u32> {
+    return split_range_of(list, split, P.shard);
 }
 
 // Four heads' accumulators (columns) rescaled per head.

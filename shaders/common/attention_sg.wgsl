@@ -1,19 +1,21 @@
 // The partial pass of sparse_attention's subgroup variants (SPEC §7), shared by
 // sparse_attention_sg.wgsl (16-byte loads) and sparse_attention_sg_w32.wgsl (32-byte loads),
-// which differ only in how they read the pool: each supplies
-//   ld_word(i, c, e) -> mat4x4<f32>: channel quads c/4 … c/4 + W − 1 of the pool row starting
-//     at element i as columns 0 … W − 1 (c a multiple of 4W; channels >= e read as 0, and a
-//     word wholly past e reads the row's first word instead, never beyond the row);
+// which differ only in how they read the pool. Each binds PS pool shards (the dispatch's
+// shards P.shard … P.shard + PS − 1; slot s of the pass is shard P.shard + s) and supplies
+//   ld_word(s, i, c, e) -> mat4x4<f32>: channel quads c/4 … c/4 + W − 1 of the row starting at
+//     element i of slot s's shard as columns 0 … W − 1 (c a multiple of 4W; channels >= e read
+//     as 0, and a word wholly past e reads the row's first word instead, never beyond the row);
 //   word_log2() -> u32: log2 of the elements of T in one of its words;
-//   touch(kw, vw, kl, vl) -> u32: a few words of the K and V rows whose first words are kw and
-//     vw and last words kw + kl and vw + vl (the first ones and those 128 bytes on), whose
-//     loads start the batch's cache misses together.
+//   touch(s, kw, vw, kl, vl) -> u32: a few words of slot s's K and V rows whose first words are
+//     kw and vw and last words kw + kl and vw + vl (the first ones and those 128 bytes on),
+//     whose loads start the batch's cache misses together.
 //
 // For adapters whose subgroups have one fixed size SG. Same bindings as sparse_attention.wgsl
 // (the 32-byte variant binds the pool a second time), the same inputs (the per-shard row lists
 // of sparse_attention_route.wgsl) and the same partial records (common/attention.wgsl), which
 // sparse_attention_combine.wgsl merges; here the record's "phase" is the subgroup: phases =
-// 64 / SG, one channel block.
+// 64 / SG, one channel block. One dispatch takes up to PS shards in turn, carrying its state
+// in registers from one to the next (the tiled pass takes one shard a dispatch).
 //
 // Work split: one workgroup of 64 invocations per (row t, KV head kh, part, split s), as in the
 // tiled pass; its 64 / SG subgroups take the split's list entries in batches of SG consecutive
@@ -32,8 +34,8 @@
 // Σ e^{z − m} V. Lane b keeps token b's scores; one subgroupMax per head quad gives the
 // batch's new maximum, the state is rescaled once, each lane takes the exponentials of its own
 // token (the work is spread over the lanes, not repeated), and subgroupShuffle hands each
-// token's weights to every lane for its V row. A later pool shard continues the records the
-// previous one left.
+// token's weights to every lane for its V row. A later dispatch (the pool's next PS shards)
+// continues the records the previous one left.
 //
 // Registers are named variables (the loops over quads are written out, cut by the overrides
 // QK, QV and HQ), never arrays indexed in a loop, which llvmpipe keeps in memory. Heads past the
@@ -55,6 +57,10 @@ override W: u32 = 1u;
 // where a workgroup's subgroups run one after another on one thread and each would load the
 // queries and carry its records over every pool shard on its own.
 override TK: u32 = 64u;
+
+// Pool shards a dispatch binds and takes in turn, 1 … 4 (the last dispatch of a pool may have
+// fewer left: min(PS, P.shards − P.shard)).
+override PS: u32 = 1u;
 
 // The channel quad that lane sl holds in its slot j (0 … 7): the lanes take words of W
 // consecutive quads in turn, so a lane's slots j … j + W − 1 (j a multiple of W) come from one
@@ -137,12 +143,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let h0 = pw.h0;
     let hc = pw.hc;
 
-    // This split's entries of the shard's row list. None in a later shard: the previous one's
-    // records stand as they are.
-    let range = split_range((rr * P.hs + g) * (P.shards + 1u + P.w), split);
-    let first = range.x;
-    let n = range.y;
-    if (n == 0u && P.shard != 0u) {
+    // This split's entries of the row list in the dispatch's shards. None in a later
+    // dispatch: the previous one's records stand as they are.
+    let list = (rr * P.hs + g) * (P.shards + 1u + P.w);
+    let ns = min(PS, P.shards - P.shard);
+    var total = 0u;
+    for (var s = 0u; s < ns; s++) {
+        total += split_range_of(list, split, P.shard + s).y;
+    }
+    if (total == 0u && P.shard != 0u) {
         return;
     }
     let subs = TK / SG;
@@ -230,7 +239,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if (HQ > 2u) { q72 = qmat(qb, 2u, hc, c, e); }
         if (HQ > 3u) { q73 = qmat(qb, 3u, hc, c, e); }
     }
-    // Running state: fresh, or the previous shard's record.
+    // Running state: fresh, or the previous dispatch's record.
     var m = mat4x4<f32>(vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW));
     var l = mat4x4<f32>();
     if (P.shard != 0u) {
@@ -312,240 +321,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     //    lane's exp for its own token: the softmax work is spread over the lanes rather than
     //    repeated by each. 3. The V rows, each token's weights taken from its lane
     //    (subgroupShuffle).
+    // Shard by shard (slot k: shard P.shard + k; one copy of the loop per slot, each naming
+    // its binding: common/attention_sg_shard.wgsl), the state carried over in registers.
     var tk = 0u;  // the touched words (kept only so that the loads stay)
     let sh = word_log2();
     let kl = ((e + (1u << sh) - 1u) >> sh) - 1u;   // the K and V rows' last words
     let vl = ((ev + (1u << sh) - 1u) >> sh) - 1u;
-    for (var i0 = sub * SG; i0 < n; i0 += subs * SG) {
-        // Lane b reads token b's row offset, which subgroupShuffle hands to every lane for
-        // the K and V loops (a load there would be a loop over the lanes, twice per token).
-        // Then it touches that token's K and V rows (two words 128 bytes apart in each), so
-        // that the batch's cache misses overlap instead of coming one row at a time.
-        let rb = routes[first + min(i0 + sl, n - 1u)] + kh * pool_dim();
-        tk |= touch((rb + P.k_off) >> sh, (rb + P.v_off) >> sh, kl, vl);
-        var mine = mat4x4<f32>(vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW), vec4<f32>(LOW));
-        for (var b = 0u; b < SG; b++) {
-            let i = i0 + b;
-            let kr = subgroupShuffle(rb, b) + P.k_off;
-            var z = mat4x4<f32>();
-            var kw = mat4x4<f32>();
-            if (QK > 0u) {
-                kw = ld_word(kr, 4u * quad(0u, sl), e);
-                z = qk(z, kw[0], q00, q01, q02, q03);
-            }
-            if (QK > 1u) {
-                if (1u % W == 0u) { kw = ld_word(kr, 4u * quad(1u, sl), e); }
-                z = qk(z, kw[1u % W], q10, q11, q12, q13);
-            }
-            if (QK > 2u) {
-                if (2u % W == 0u) { kw = ld_word(kr, 4u * quad(2u, sl), e); }
-                z = qk(z, kw[2u % W], q20, q21, q22, q23);
-            }
-            if (QK > 3u) {
-                if (3u % W == 0u) { kw = ld_word(kr, 4u * quad(3u, sl), e); }
-                z = qk(z, kw[3u % W], q30, q31, q32, q33);
-            }
-            if (QK > 4u) {
-                if (4u % W == 0u) { kw = ld_word(kr, 4u * quad(4u, sl), e); }
-                z = qk(z, kw[4u % W], q40, q41, q42, q43);
-            }
-            if (QK > 5u) {
-                if (5u % W == 0u) { kw = ld_word(kr, 4u * quad(5u, sl), e); }
-                z = qk(z, kw[5u % W], q50, q51, q52, q53);
-            }
-            if (QK > 6u) {
-                if (6u % W == 0u) { kw = ld_word(kr, 4u * quad(6u, sl), e); }
-                z = qk(z, kw[6u % W], q60, q61, q62, q63);
-            }
-            if (QK > 7u) {
-                if (7u % W == 0u) { kw = ld_word(kr, 4u * quad(7u, sl), e); }
-                z = qk(z, kw[7u % W], q70, q71, q72, q73);
-            }
-            let keep = sl == b && i < n;
-            mine[0] = select(mine[0], subgroupAdd(z[0]) * P.scale, keep);
-            if (HQ > 1u) { mine[1] = select(mine[1], subgroupAdd(z[1]) * P.scale, keep); }
-            if (HQ > 2u) { mine[2] = select(mine[2], subgroupAdd(z[2]) * P.scale, keep); }
-            if (HQ > 3u) { mine[3] = select(mine[3], subgroupAdd(z[3]) * P.scale, keep); }
-        }
-        var al = mat4x4<f32>();
-        var p = mat4x4<f32>();  // this lane's token's weights
-        let w0 = weigh(mine[0], m[0], l[0]);
-        m[0] = w0[0]; l[0] = w0[1]; al[0] = w0[2]; p[0] = w0[3];
-        if (HQ > 1u) {
-            let w1 = weigh(mine[1], m[1], l[1]);
-            m[1] = w1[0]; l[1] = w1[1]; al[1] = w1[2]; p[1] = w1[3];
-        }
-        if (HQ > 2u) {
-            let w2 = weigh(mine[2], m[2], l[2]);
-            m[2] = w2[0]; l[2] = w2[1]; al[2] = w2[2]; p[2] = w2[3];
-        }
-        if (HQ > 3u) {
-            let w3 = weigh(mine[3], m[3], l[3]);
-            m[3] = w3[0]; l[3] = w3[1]; al[3] = w3[2]; p[3] = w3[3];
-        }
-        if (QV > 0u) {
-            a00 = rescale(a00, al[0]);
-            if (HQ > 1u) { a01 = rescale(a01, al[1]); }
-            if (HQ > 2u) { a02 = rescale(a02, al[2]); }
-            if (HQ > 3u) { a03 = rescale(a03, al[3]); }
-        }
-        if (QV > 1u) {
-            a10 = rescale(a10, al[0]);
-            if (HQ > 1u) { a11 = rescale(a11, al[1]); }
-            if (HQ > 2u) { a12 = rescale(a12, al[2]); }
-            if (HQ > 3u) { a13 = rescale(a13, al[3]); }
-        }
-        if (QV > 2u) {
-            a20 = rescale(a20, al[0]);
-            if (HQ > 1u) { a21 = rescale(a21, al[1]); }
-            if (HQ > 2u) { a22 = rescale(a22, al[2]); }
-            if (HQ > 3u) { a23 = rescale(a23, al[3]); }
-        }
-        if (QV > 3u) {
-            a30 = rescale(a30, al[0]);
-            if (HQ > 1u) { a31 = rescale(a31, al[1]); }
-            if (HQ > 2u) { a32 = rescale(a32, al[2]); }
-            if (HQ > 3u) { a33 = rescale(a33, al[3]); }
-        }
-        if (QV > 4u) {
-            a40 = rescale(a40, al[0]);
-            if (HQ > 1u) { a41 = rescale(a41, al[1]); }
-            if (HQ > 2u) { a42 = rescale(a42, al[2]); }
-            if (HQ > 3u) { a43 = rescale(a43, al[3]); }
-        }
-        if (QV > 5u) {
-            a50 = rescale(a50, al[0]);
-            if (HQ > 1u) { a51 = rescale(a51, al[1]); }
-            if (HQ > 2u) { a52 = rescale(a52, al[2]); }
-            if (HQ > 3u) { a53 = rescale(a53, al[3]); }
-        }
-        if (QV > 6u) {
-            a60 = rescale(a60, al[0]);
-            if (HQ > 1u) { a61 = rescale(a61, al[1]); }
-            if (HQ > 2u) { a62 = rescale(a62, al[2]); }
-            if (HQ > 3u) { a63 = rescale(a63, al[3]); }
-        }
-        if (QV > 7u) {
-            a70 = rescale(a70, al[0]);
-            if (HQ > 1u) { a71 = rescale(a71, al[1]); }
-            if (HQ > 2u) { a72 = rescale(a72, al[2]); }
-            if (HQ > 3u) { a73 = rescale(a73, al[3]); }
-        }
-        // Two tokens per iteration (SG is even): each accumulator is loaded and stored once for
-        // both, in the same order of terms as token by token.
-        for (var b = 0u; b < SG; b += 2u) {
-            let vr = subgroupShuffle(rb, b) + P.v_off;
-            let vs = subgroupShuffle(rb, b + 1u) + P.v_off;
-            // Tokens b's and b + 1's weights (0 past the list: their lanes kept LOW scores).
-            let p0 = subgroupShuffle(p[0], b);
-            let r0 = subgroupShuffle(p[0], b + 1u);
-            var p1 = vec4<f32>();
-            var r1 = vec4<f32>();
-            var p2 = vec4<f32>();
-            var r2 = vec4<f32>();
-            var p3 = vec4<f32>();
-            var r3 = vec4<f32>();
-            if (HQ > 1u) { p1 = subgroupShuffle(p[1], b); r1 = subgroupShuffle(p[1], b + 1u); }
-            if (HQ > 2u) { p2 = subgroupShuffle(p[2], b); r2 = subgroupShuffle(p[2], b + 1u); }
-            if (HQ > 3u) { p3 = subgroupShuffle(p[3], b); r3 = subgroupShuffle(p[3], b + 1u); }
-            var vw = mat4x4<f32>();
-            var uw = mat4x4<f32>();
-            if (QV > 0u) {
-                vw = ld_word(vr, 4u * quad(0u, sl), ev);
-                uw = ld_word(vs, 4u * quad(0u, sl), ev);
-                let v = vw[0];
-                let u = uw[0];
-                a00 = axpy(axpy(a00, p0, v), r0, u);
-                if (HQ > 1u) { a01 = axpy(axpy(a01, p1, v), r1, u); }
-                if (HQ > 2u) { a02 = axpy(axpy(a02, p2, v), r2, u); }
-                if (HQ > 3u) { a03 = axpy(axpy(a03, p3, v), r3, u); }
-            }
-            if (QV > 1u) {
-                if (1u % W == 0u) {
-                    vw = ld_word(vr, 4u * quad(1u, sl), ev);
-                    uw = ld_word(vs, 4u * quad(1u, sl), ev);
-                }
-                let v = vw[1u % W];
-                let u = uw[1u % W];
-                a10 = axpy(axpy(a10, p0, v), r0, u);
-                if (HQ > 1u) { a11 = axpy(axpy(a11, p1, v), r1, u); }
-                if (HQ > 2u) { a12 = axpy(axpy(a12, p2, v), r2, u); }
-                if (HQ > 3u) { a13 = axpy(axpy(a13, p3, v), r3, u); }
-            }
-            if (QV > 2u) {
-                if (2u % W == 0u) {
-                    vw = ld_word(vr, 4u * quad(2u, sl), ev);
-                    uw = ld_word(vs, 4u * quad(2u, sl), ev);
-                }
-                let v = vw[2u % W];
-                let u = uw[2u % W];
-                a20 = axpy(axpy(a20, p0, v), r0, u);
-                if (HQ > 1u) { a21 = axpy(axpy(a21, p1, v), r1, u); }
-                if (HQ > 2u) { a22 = axpy(axpy(a22, p2, v), r2, u); }
-                if (HQ > 3u) { a23 = axpy(axpy(a23, p3, v), r3, u); }
-            }
-            if (QV > 3u) {
-                if (3u % W == 0u) {
-                    vw = ld_word(vr, 4u * quad(3u, sl), ev);
-                    uw = ld_word(vs, 4u * quad(3u, sl), ev);
-                }
-                let v = vw[3u % W];
-                let u = uw[3u % W];
-                a30 = axpy(axpy(a30, p0, v), r0, u);
-                if (HQ > 1u) { a31 = axpy(axpy(a31, p1, v), r1, u); }
-                if (HQ > 2u) { a32 = axpy(axpy(a32, p2, v), r2, u); }
-                if (HQ > 3u) { a33 = axpy(axpy(a33, p3, v), r3, u); }
-            }
-            if (QV > 4u) {
-                if (4u % W == 0u) {
-                    vw = ld_word(vr, 4u * quad(4u, sl), ev);
-                    uw = ld_word(vs, 4u * quad(4u, sl), ev);
-                }
-                let v = vw[4u % W];
-                let u = uw[4u % W];
-                a40 = axpy(axpy(a40, p0, v), r0, u);
-                if (HQ > 1u) { a41 = axpy(axpy(a41, p1, v), r1, u); }
-                if (HQ > 2u) { a42 = axpy(axpy(a42, p2, v), r2, u); }
-                if (HQ > 3u) { a43 = axpy(axpy(a43, p3, v), r3, u); }
-            }
-            if (QV > 5u) {
-                if (5u % W == 0u) {
-                    vw = ld_word(vr, 4u * quad(5u, sl), ev);
-                    uw = ld_word(vs, 4u * quad(5u, sl), ev);
-                }
-                let v = vw[5u % W];
-                let u = uw[5u % W];
-                a50 = axpy(axpy(a50, p0, v), r0, u);
-                if (HQ > 1u) { a51 = axpy(axpy(a51, p1, v), r1, u); }
-                if (HQ > 2u) { a52 = axpy(axpy(a52, p2, v), r2, u); }
-                if (HQ > 3u) { a53 = axpy(axpy(a53, p3, v), r3, u); }
-            }
-            if (QV > 6u) {
-                if (6u % W == 0u) {
-                    vw = ld_word(vr, 4u * quad(6u, sl), ev);
-                    uw = ld_word(vs, 4u * quad(6u, sl), ev);
-                }
-                let v = vw[6u % W];
-                let u = uw[6u % W];
-                a60 = axpy(axpy(a60, p0, v), r0, u);
-                if (HQ > 1u) { a61 = axpy(axpy(a61, p1, v), r1, u); }
-                if (HQ > 2u) { a62 = axpy(axpy(a62, p2, v), r2, u); }
-                if (HQ > 3u) { a63 = axpy(axpy(a63, p3, v), r3, u); }
-            }
-            if (QV > 7u) {
-                if (7u % W == 0u) {
-                    vw = ld_word(vr, 4u * quad(7u, sl), ev);
-                    uw = ld_word(vs, 4u * quad(7u, sl), ev);
-                }
-                let v = vw[7u % W];
-                let u = uw[7u % W];
-                a70 = axpy(axpy(a70, p0, v), r0, u);
-                if (HQ > 1u) { a71 = axpy(axpy(a71, p1, v), r1, u); }
-                if (HQ > 2u) { a72 = axpy(axpy(a72, p2, v), r2, u); }
-                if (HQ > 3u) { a73 = axpy(axpy(a73, p3, v), r3, u); }
-            }
-        }
-    }
+    //#expand common/attention_sg_shard.wgsl SLOT=0u
+    //#expand common/attention_sg_shard.wgsl SLOT=1u
+    //#expand common/attention_sg_shard.wgsl SLOT=2u
+    //#expand common/attention_sg_shard.wgsl SLOT=3u
 
     // The records of this subgroup: its lanes' channel quads of every head, and (m, l) from
     // lane 0.
@@ -605,7 +390,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if (HQ > 2u) { put_acc(base, nsub, 2u, hc, rs, c, a72); }
         if (HQ > 3u) { put_acc(base, nsub, 3u, hc, rs, c, a73); }
     }
-    if (tk == 0x7fc00001u && n == 0u) {
+    if (tk == 0x7fc00001u && total == 0u) {
         part[0] = vec4<f32>();  // never: with n = 0 nothing was touched
     }
     if (sl == 0u) {

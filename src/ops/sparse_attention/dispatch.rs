@@ -68,9 +68,11 @@ pub fn loop_iterations(p: &SparseAttentionParams) -> u64 {
     if p.sg != 0 {
         // The subgroup pass: the query and record loops (under 800 at 16 heads and 8 quads per
         // lane), then per batch of SG tokens 2 · (SG + 1) + 1 iterations: at most 3 per token
-        // of the lane's subgroup.
+        // of the lane's subgroup; each of the dispatch's shards may end on a part batch, and
+        // costs two iterations of the shard loops.
         let subs = (p.phases as u64).max(1);
-        return 800 + 3 * (p.split_len as u64).div_ceil(subs) + 1;
+        let shards = super::encode::PASS_SHARDS as u64;
+        return 800 + 3 * (p.split_len as u64).div_ceil(subs) + 1 + shards * (3 * p.sg as u64 + 5);
     }
     let e4 = (p.e as u64).div_ceil(4);
     let tiles = (p.split_len as u64).div_ceil(TILE as u64);

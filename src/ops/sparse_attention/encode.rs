@@ -48,6 +48,21 @@ pub const SUBGROUP_PASS_W32: &str = "sparse_attention_sg_w32";
 pub const COMBINE: &str = "sparse_attention_combine";
 /// Most pool shards one call takes (`MAX_SHARDS` in the routing shader).
 pub const MAX_SHARDS: usize = 64;
+/// Most pool shards one dispatch of the subgroup pass binds and takes in turn (its `PS`):
+/// bindings 2, 5, 6, 7 of `sparse_attention_sg.wgsl` (7 storage buffers in all, within
+/// WebGPU's default 8), 5 … 8 of the 32-byte variant. The tiled pass takes one a dispatch.
+pub const PASS_SHARDS: usize = 4;
+
+/// Pool shards each partial-pass dispatch of `p` takes: up to [`PASS_SHARDS`] for the subgroup
+/// pass (`p.sg != 0`), which carries its state in registers from one to the next instead of
+/// storing and reloading its records, and saves a dispatch per shard; 1 for the tiled pass.
+pub fn pass_shards(p: &SparseAttentionParams) -> usize {
+    if p.sg != 0 {
+        (p.shards as usize).clamp(1, PASS_SHARDS)
+    } else {
+        1
+    }
+}
 
 /// Device buffers of one call over a pool in one buffer. Float buffers hold the call's type T
 /// (f16/bf16 packed two per word), integer buffers i32/u32 words.
@@ -122,7 +137,8 @@ pub struct ShardedAttentionBuffers<'a> {
 pub struct AttentionStep {
     /// [`ROUTE`], `"sparse_attention"` (the partial pass over one shard) or [`COMBINE`].
     pub shader: &'static str,
-    /// The pool shard a partial pass reads (0 for the others).
+    /// The first pool shard a partial pass reads ([`pass_shards`] from there; 0 for the
+    /// others).
     pub shard: usize,
     /// Its index among the plan's steps of the same shader (a `BindCache` slot).
     pub slot: usize,
@@ -141,7 +157,8 @@ impl AttentionStep {
 }
 
 /// The dispatches of one call, in recording order: for each chunk of rows, the routing, the
-/// partial pass over every shard (each continuing the previous one's partials), the combine.
+/// partial pass over every shard ([`pass_shards`] a dispatch, each continuing the previous
+/// one's partials), the combine.
 #[derive(Clone, Debug)]
 pub struct AttentionPlan {
     pub steps: Vec<AttentionStep>,
@@ -265,8 +282,10 @@ pub fn plan_attention(
             },
         };
         steps.push(step(ROUTE, 0, c));
-        for k in 0..shards {
-            steps.push(step(OP, k, c * shards + k));
+        let ps = pass_shards(&p);
+        let passes = shards.div_ceil(ps);
+        for (j, k) in (0..shards).step_by(ps).enumerate() {
+            steps.push(step(OP, k, c * passes + j));
         }
         steps.push(step(COMBINE, 0, c));
     }
@@ -461,10 +480,14 @@ pub fn dispatch_attention<'a>(
             },
             _ if p.sg != 0 => {
                 let (shader, w) = subgroup_words(ctx.caps.wide_loads, dt, p);
-                let mut buffers = vec![b.query, b.pool[step.shard], b.routes, b.partials];
-                if shader == SUBGROUP_PASS_W32 {
-                    buffers.push(b.pool[step.shard]);
-                }
+                let ps = pass_shards(p);
+                // The dispatch's shards in slots 0 … 3 (slots past the pool's last shard
+                // repeat it: never read).
+                let last = b.pool.len() - 1;
+                let slot = |j: usize| b.pool[(step.shard + j).min(last)];
+                let mut buffers = vec![b.query, slot(0), b.routes, b.partials];
+                let first_extra = if shader == SUBGROUP_PASS_W32 { 0 } else { 1 };
+                buffers.extend((first_extra..PASS_SHARDS).map(slot));
                 Dispatch {
                     key: PipelineKey::new(shader, "main")
                         .with("T_KIND", dt.shader_kind())
@@ -475,6 +498,7 @@ pub fn dispatch_attention<'a>(
                         .with("QV", subgroup_slots(p.v_dim(), p.sg, w))
                         .with("W", w)
                         .with("FULL", subgroup_rows_full(p, w) as u32)
+                        .with("PS", ps as u32)
                         .with("ALIGN2", a2q)
                         .with("VEC", vec),
                     params: bytemuck::bytes_of(p),
@@ -581,8 +605,8 @@ pub fn plan_sharded(
 }
 
 /// Records every dispatch of a call over `b` ([`plan_sharded`]) through an orchestrator's bind
-/// cache, under the stage names `names` = [route, partial pass, combine] (each shard's partial
-/// pass is its own slot).
+/// cache, under the stage names `names` = [route, partial pass, combine] (each dispatch of the
+/// partial pass is its own slot).
 pub async fn record_attention(
     binds: &mut crate::ops::common::BindCache,
     ctx: &Context,
