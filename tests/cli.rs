@@ -171,6 +171,18 @@ fn bench_runs_the_peer_before_each_preset() {
         ),
     )
     .unwrap();
+    // The stand-in's "python": asked for the peer's runtime (`-c …`) it names one; else it runs
+    // the script with sh.
+    let python = tmp("python.sh");
+    std::fs::write(
+        &python,
+        "#!/bin/sh\nif [ \"$1\" = -c ]; then echo 'torch 9.9.9, 2 threads'; exit 0; fi\nexec sh \"$@\"\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
         .args(["bench", "--preset", "nsa-decode", "--preset"])
         .arg("qsa-attention-decode-128k")
@@ -194,6 +206,32 @@ fn bench_runs_the_peer_before_each_preset() {
     assert_eq!(v["clock_hold"], serde_json::Value::Bool(true), "{v}");
     assert!(err.contains("caches: 128 MiB"), "{err}");
     assert_eq!(v["evict_caches"], serde_json::Value::Bool(true), "{v}");
+    // `sh` cannot say which torch it runs: no runtime is recorded.
+    assert_eq!(v["peer_runtime"], serde_json::Value::Null, "{v}");
+    // One that can: it is recorded, and printed with the table.
+    let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
+        .args([
+            "bench",
+            "--preset",
+            "nsa-decode",
+            "--dtype",
+            "bf16",
+            "--runs",
+            "1",
+        ])
+        .arg("--python")
+        .arg(&python)
+        .arg("--peer")
+        .arg(&script)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("peer: torch 9.9.9, 2 threads"), "{text}");
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     for r in results {

@@ -186,6 +186,13 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             presets::EVICT_BYTES >> 20
         );
     }
+    let peer_runtime = args
+        .peer
+        .as_ref()
+        .and_then(|_| report::peer_runtime(&args.python));
+    if let Some(p) = &peer_runtime {
+        eprintln!("peer: {p}");
+    }
     let mut all = Vec::new();
     let total = presets.len() * dtypes.len();
     for (i, p) in presets.iter().enumerate() {
@@ -242,9 +249,11 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         }
     }
     if args.json {
-        report::json(&ctx, &roof, hold.is_some(), evict.is_some(), &all)?;
+        let peer = peer_runtime.as_deref();
+        report::json(&ctx, &roof, hold.is_some(), evict.is_some(), peer, &all)?;
     } else {
-        report::table(&ctx, &roof, hold.is_some(), evict.is_some(), &all);
+        let peer = peer_runtime.as_deref();
+        report::table(&ctx, &roof, hold.is_some(), evict.is_some(), peer, &all);
     }
     if let Some(path) = &args.svg {
         report::svg(path, &ctx, &all)?;

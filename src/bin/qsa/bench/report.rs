@@ -38,6 +38,21 @@ pub fn run_peer(python: &str, script: &str, preset: &str, runs: usize) -> Result
     Ok(median)
 }
 
+/// The peer's runtime as `python` reports it ("torch 2.15.0, 2 threads"), or `None` where it
+/// cannot say (then the peer's own run reports what is wrong). Recorded with the figures: the
+/// peer's speed depends on its torch release as much as on the machine.
+pub fn peer_runtime(python: &str) -> Option<String> {
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import torch; print(f'torch {torch.__version__}, {torch.get_num_threads()} threads')",
+        ])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && text.starts_with("torch ")).then_some(text)
+}
+
 pub fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
@@ -56,8 +71,18 @@ fn variants(ctx: &Context) -> String {
 }
 
 /// The table on stdout: one line per preset and type, then its stages.
-pub fn table(ctx: &Context, roof: &Roofline, clock_hold: bool, evict: bool, all: &[Measure]) {
+pub fn table(
+    ctx: &Context,
+    roof: &Roofline,
+    clock_hold: bool,
+    evict: bool,
+    peer: Option<&str>,
+    all: &[Measure],
+) {
     println!("adapter: {}", ctx.describe());
+    if let Some(p) = peer {
+        println!("peer: {p}");
+    }
     println!("clock hold: {}", if clock_hold { "on" } else { "off" });
     if evict {
         println!(
@@ -120,6 +145,7 @@ pub fn json(
     roof: &Roofline,
     clock_hold: bool,
     evict_caches: bool,
+    peer: Option<&str>,
     all: &[Measure],
 ) -> Result<()> {
     let ms: Vec<serde_json::Value> = all
@@ -150,6 +176,7 @@ pub fn json(
         "timestamps": ctx.caps.timestamps,
         "clock_hold": clock_hold,
         "evict_caches": evict_caches,
+        "peer_runtime": peer,
         "subgroup_size": ctx.caps.subgroup_size,
         "textures": ctx.caps.textures,
         "wide_loads": ctx.caps.wide_loads,
