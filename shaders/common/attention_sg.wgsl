@@ -24,15 +24,15 @@
 // heads of the part (QK slots j per lane) and the accumulators of the value quads quad(j, l)
 // (QV slots). Per token each lane loads only its own words of the K and V rows, W quads a
 // load — every element of the row once per subgroup, neighbouring lanes on neighbouring
-// words — multiplies them with its registers, and one subgroupAdd per head quad completes the
-// dot products. No workgroup memory, no barrier. (The tiled pass reads the queries from
+// words — multiplies them with its registers, and one subgroup sum per head quad (sg_sum4)
+// completes the dot products. No workgroup memory, no barrier. (The tiled pass reads the queries from
 // workgroup memory for every four rows; on llvmpipe, where every such read is a loop over the
 // lanes, that dominated its time. There every load is such a loop, per component, so the wider
 // the word the fewer loops: docs/perf.md.)
 //
 // Online softmax per head, batch by batch: m the running maximum, l = Σ e^{z − m}, acc =
-// Σ e^{z − m} V. Lane b keeps token b's scores; one subgroupMax per head quad gives the
-// batch's new maximum, the state is rescaled once, each lane takes the exponentials of its own
+// Σ e^{z − m} V. Lane b keeps token b's scores; one subgroup maximum per head quad (sg_max4)
+// gives the batch's new maximum, the state is rescaled once, each lane takes the exponentials of its own
 // token (the work is spread over the lanes, not repeated), and subgroupShuffle hands each
 // token's weights to every lane for its V row. A later dispatch (the pool's next PS shards)
 // continues the records the previous one left.
@@ -121,10 +121,29 @@ fn qk(z: mat4x4<f32>, k: vec4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4
 // against the running (m, l): the new m, the new l, the factor that rescales the old state,
 // and this lane's token's weights.
 fn weigh(s: vec4<f32>, m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
-    let mn = max(m, subgroupMax(s));
+    let mn = max(m, sg_max4(s));
     let al = exp(m - mn);
     let p = select(vec4<f32>(0.0), exp(s - mn), s > vec4<f32>(LOW));
-    return mat4x4<f32>(mn, l * al + subgroupAdd(p), al, p);
+    return mat4x4<f32>(mn, l * al + sg_sum4(p), al, p);
+}
+
+// The sum over the subgroup, in every lane: a butterfly of `subgroupShuffleXor`s, each one
+// vector permute on llvmpipe, where `subgroupAdd` is a loop over the lanes through memory.
+fn sg_sum4(v: vec4<f32>) -> vec4<f32> {
+    var s = v;
+    for (var o = 1u; o < SG; o <<= 1u) {
+        s += subgroupShuffleXor(s, o);
+    }
+    return s;
+}
+
+// The maximum over the subgroup, in every lane (a butterfly as sg_sum4).
+fn sg_max4(v: vec4<f32>) -> vec4<f32> {
+    var s = v;
+    for (var o = 1u; o < SG; o <<= 1u) {
+        s = max(s, subgroupShuffleXor(s, o));
+    }
+    return s;
 }
 
 
@@ -316,8 +335,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
 
     // Batches of SG consecutive entries per subgroup (subgroup u: batches u, u + 64 / SG, …).
-    // 1. Each token's scores, lane by lane over the row, summed by subgroupAdd; lane b keeps
-    //    token b's. 2. The batch's maxima (subgroupMax), one rescale of the state, and each
+    // 1. Each token's scores, lane by lane over the row, summed by sg_sum4; lane b keeps
+    //    token b's. 2. The batch's maxima (sg_max4), one rescale of the state, and each
     //    lane's exp for its own token: the softmax work is spread over the lanes rather than
     //    repeated by each. 3. The V rows, each token's weights taken from its lane
     //    (subgroupShuffle).

@@ -55,10 +55,10 @@ if (PS > $SLOT && ns > $SLOT) {
                 z = qk(z, kw[7u % W], q70, q71, q72, q73);
             }
             let keep = sl == b && i < n;
-            mine[0] = select(mine[0], subgroupAdd(z[0]) * P.scale, keep);
-            if (HQ > 1u) { mine[1] = select(mine[1], subgroupAdd(z[1]) * P.scale, keep); }
-            if (HQ > 2u) { mine[2] = select(mine[2], subgroupAdd(z[2]) * P.scale, keep); }
-            if (HQ > 3u) { mine[3] = select(mine[3], subgroupAdd(z[3]) * P.scale, keep); }
+            mine[0] = select(mine[0], sg_sum4(z[0]) * P.scale, keep);
+            if (HQ > 1u) { mine[1] = select(mine[1], sg_sum4(z[1]) * P.scale, keep); }
+            if (HQ > 2u) { mine[2] = select(mine[2], sg_sum4(z[2]) * P.scale, keep); }
+            if (HQ > 3u) { mine[3] = select(mine[3], sg_sum4(z[3]) * P.scale, keep); }
         }
         var al = mat4x4<f32>();
         var p = mat4x4<f32>();  // this lane's token's weights
