@@ -420,6 +420,22 @@ struct Uploaded {
     flags: GpuTensor,
 }
 
+impl Uploaded {
+    /// The call's buffers over `pool` in one buffer.
+    fn buffers<'a>(&'a self, pool: &'a wgpu::Buffer) -> AttentionBuffers<'a> {
+        AttentionBuffers {
+            query: &self.query.buffer,
+            pool,
+            seqs: &self.seqs.buffer,
+            token_indices: &self.tokens.buffer,
+            token_count: &self.counts.buffer,
+            sinks: self.sinks.as_ref().map(|s| &s.buffer),
+            out: &self.out.buffer,
+            flags: &self.flags.buffer,
+        }
+    }
+}
+
 fn upload(ctx: &Context, p: &Problem, run: &Run, lists: Option<(&Tensor, &Tensor)>) -> Uploaded {
     let x = p.inputs();
     let plan = validate(&x, &p.attrs).unwrap();
@@ -496,17 +512,9 @@ impl Shards {
 
     fn buffers<'a>(&'a self, u: &'a Uploaded) -> ShardedAttentionBuffers<'a> {
         ShardedAttentionBuffers {
-            query: &u.query.buffer,
             pool: self.pool.iter().map(|s| &s.buffer).collect(),
-            shard_pages: self.sp,
-            seqs: &u.seqs.buffer,
-            token_indices: &u.tokens.buffer,
-            token_count: &u.counts.buffer,
-            sinks: u.sinks.as_ref().map(|s| &s.buffer),
-            out: &u.out.buffer,
-            flags: &u.flags.buffer,
-            partials: &self.partials,
-            routes: &self.routes,
+            ..u.buffers(&self.pool[0].buffer)
+                .sharded(self.sp, &self.partials, &self.routes)
         }
     }
 }
@@ -525,16 +533,7 @@ fn run_device(p: &Problem, run: &Run) -> (Tensor, u32) {
     match run.shard_pages {
         None => {
             let pool = GpuTensor::upload(&ctx, "test", &p.pool).unwrap();
-            let b = AttentionBuffers {
-                query: &u.query.buffer,
-                pool: &pool.buffer,
-                seqs: &u.seqs.buffer,
-                token_indices: &u.tokens.buffer,
-                token_count: &u.counts.buffer,
-                sinks: u.sinks.as_ref().map(|s| &s.buffer),
-                out: &u.out.buffer,
-                flags: &u.flags.buffer,
-            };
+            let b = u.buffers(&pool.buffer);
             pollster::block_on(encode_attention(&ctx, &mut enc, u.dt, &u.prm, &b)).unwrap();
         }
         Some(sp) => {

@@ -248,11 +248,10 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             all.push(m);
         }
     }
+    let peer = peer_runtime.as_deref();
     if args.json {
-        let peer = peer_runtime.as_deref();
         report::json(&ctx, &roof, hold.is_some(), evict.is_some(), peer, &all)?;
     } else {
-        let peer = peer_runtime.as_deref();
         report::table(&ctx, &roof, hold.is_some(), evict.is_some(), peer, &all);
     }
     if let Some(path) = &args.svg {
