@@ -344,9 +344,281 @@ fn expand(name: &str, src: &str, seen: &mut Vec<String>, out: &mut String) -> Re
     Ok(())
 }
 
+/// The header of every loop in `src` outside `//` comments (`for (…)`, `while (…)`, `loop`),
+/// whitespace collapsed, up to its `{`, except `for` loops of the plain form that ends by
+/// construction: `for (var i = …; i < bound; i++)` or `i += step` with a literal or a named
+/// (upper-case) constant step.
+#[cfg(test)]
+fn unplain_loops(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in src.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = ["for", "while", "loop"]
+            .iter()
+            .filter_map(|k| keyword_at(rest, k).map(|i| (i, *k)))
+            .min()
+        {
+            let (i, kw) = at;
+            let head: String = rest[i..].split('{').next().unwrap_or("").to_string();
+            let head = head.split_whitespace().collect::<Vec<_>>().join(" ");
+            if !(kw == "for" && plain_for(&head)) {
+                out.push(head);
+            }
+            rest = &rest[i + kw.len()..];
+        }
+    }
+    out
+}
+
+/// Byte offset of `kw` in `s` as a whole word.
+#[cfg(test)]
+fn keyword_at(s: &str, kw: &str) -> Option<usize> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    s.match_indices(kw).map(|(i, _)| i).find(|&i| {
+        !s[..i].chars().next_back().is_some_and(word)
+            && !s[i + kw.len()..].chars().next().is_some_and(word)
+    })
+}
+
+#[cfg(test)]
+fn plain_for(head: &str) -> bool {
+    let Some(inner) = head.strip_prefix("for (").and_then(|h| h.strip_suffix(')')) else {
+        return false;
+    };
+    let parts: Vec<&str> = inner.split(';').map(str::trim).collect();
+    let [init, cond, step] = parts[..] else {
+        return false;
+    };
+    let Some(var) = init
+        .strip_prefix("var ")
+        .and_then(|i| i.split_whitespace().next())
+    else {
+        return false;
+    };
+    let constant = |s: &str| {
+        let digits = s.strip_suffix('u').unwrap_or(s);
+        (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && digits != "0")
+            || (s.starts_with(|c: char| c.is_ascii_uppercase())
+                && s.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'))
+    };
+    cond.starts_with(&format!("{var} < "))
+        && (step == format!("{var}++")
+            || step
+                .strip_prefix(&format!("{var} += "))
+                .is_some_and(constant))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The loops of the shaders that are not a counter stepping up by a constant to a bound,
+    /// each checked to end for every input: the pipelines are built without wgpu's loop
+    /// bounding (src/gpu/cache.rs), which makes an endless loop undefined behaviour in the
+    /// backend's compiler. A loop added, changed or removed fails
+    /// `every_loop_is_plain_or_reviewed` until it is checked and listed here.
+    const REVIEWED_LOOPS: &[(&str, &str, &str)] = &[
+        (
+            "bench_copy.wgsl",
+            "while (i < P.words)",
+            "i += P.stride, stride >= 1 set by the bench",
+        ),
+        (
+            "bench_copy.wgsl",
+            "while (i < P.words)",
+            "i += P.stride, as above",
+        ),
+        (
+            "bench_copy_tex.wgsl",
+            "while (i < P.words)",
+            "i += P.stride, as above",
+        ),
+        (
+            "block_topk_sg.wgsl",
+            "for (var m = 1u; m < ssz; m <<= 1u)",
+            "doubles to the subgroup size (<= 128)",
+        ),
+        (
+            "block_topk_sg.wgsl",
+            "for (var m = 1u; m < ssz; m <<= 1u)",
+            "as above",
+        ),
+        (
+            "block_topk_sg.wgsl",
+            "for (var b = q0; b < select(q0, qa, any_own); b += ssz)",
+            "steps by the subgroup size (>= 1) to a quad count",
+        ),
+        (
+            "block_topk_sg.wgsl",
+            "for (var b = qb; b < select(qb, nq, any_own); b += ssz)",
+            "as above",
+        ),
+        (
+            "block_topk_sg.wgsl",
+            "loop",
+            "j counts down from 15 and leaves at 0",
+        ),
+        (
+            "block_topk_sg.wgsl",
+            "for (var d = 1u; d < ssz; d <<= 1u)",
+            "doubles to the subgroup size (<= 128)",
+        ),
+        (
+            "block_topk_sg.wgsl",
+            "loop",
+            "each pass clears a bit of `bits` (pop_bit); leaves at 0",
+        ),
+        (
+            "expand_route.wgsl",
+            "for (var s = lid; s <= P.k; s += 64u)",
+            "P.k is far below u32::MAX (validated k)",
+        ),
+        (
+            "nsa_compress.wgsl",
+            "while (hi - lo > 1u)",
+            "binary search: hi - lo shrinks every step",
+        ),
+        (
+            "nsa_compress_attention_finish.wgsl",
+            "for (var u = 0u; u + 1u < sp + np && u <= a; u++)",
+            "counts up to sp + np (< 64)",
+        ),
+        (
+            "nsa_compress_paged.wgsl",
+            "while (hi - lo > 1u)",
+            "binary search",
+        ),
+        (
+            "sparse_attention.wgsl",
+            "for (var s = ph; s < rt; s += P.phases)",
+            "P.phases >= 1 (set by the host)",
+        ),
+        (
+            "sparse_attention_route_sg.wgsl",
+            "for (var d = 1u; d < RL; d <<= 1u)",
+            "doubles to RL (8)",
+        ),
+        (
+            "common/attention_route.wgsl",
+            "while (hi - lo > 1u)",
+            "binary search",
+        ),
+        (
+            "common/attention_sg.wgsl",
+            "for (var o = 1u; o < SG; o <<= 1u)",
+            "doubles to SG (<= 128)",
+        ),
+        (
+            "common/attention_sg.wgsl",
+            "for (var o = 1u; o < SG; o <<= 1u)",
+            "as above",
+        ),
+        (
+            "common/attention_sg_shard.wgsl",
+            "for (var i0 = sub * SG; i0 < n; i0 += subs * SG)",
+            "subs * SG >= 1, n a row's entry count",
+        ),
+        (
+            "common/block_score.wgsl",
+            "while (hi - lo > 1u)",
+            "binary search",
+        ),
+        (
+            "common/block_score.wgsl",
+            "for (var n = n_lo; n <= n_hi; n++)",
+            "n_hi <= P.n - 1 < u32::MAX (rows exist only when P.n >= 1)",
+        ),
+        (
+            "common/block_topk.wgsl",
+            "loop",
+            "g counts down from 15 and leaves at 0",
+        ),
+        (
+            "common/block_topk.wgsl",
+            "loop",
+            "b counts down and leaves at 16 * g",
+        ),
+        (
+            "common/block_topk.wgsl",
+            "for (var s = n + lid; s < P.k; s += lanes)",
+            "lanes >= 1, P.k validated",
+        ),
+        (
+            "common/block_topk.wgsl",
+            "loop",
+            "each pass clears a bit of `bits` (pop_bit); leaves at 0",
+        ),
+        (
+            "common/nsa_attention.wgsl",
+            "while (hi - b > 1u)",
+            "binary search",
+        ),
+        (
+            "common/nsa_values_sg.wgsl",
+            "for (var c = 0u; c < P.dv; c += select(32u, 16u, T_KIND == 0u))",
+            "steps by 16 or 32 to Dv",
+        ),
+        (
+            "common/rowmath.wgsl",
+            "for (var s = WG / 2u; s > 0u; s >>= 1u)",
+            "halves to 0",
+        ),
+    ];
+
+    #[test]
+    fn every_loop_is_plain_or_reviewed() {
+        let mut found = Vec::new();
+        for (path, src) in FILES {
+            found.extend(unplain_loops(src).into_iter().map(|h| (*path, h)));
+        }
+        let reviewed: Vec<(&str, String)> = REVIEWED_LOOPS
+            .iter()
+            .map(|(p, h, _)| (*p, h.to_string()))
+            .collect();
+        let mut missing = found.clone();
+        for r in &reviewed {
+            if let Some(i) = missing.iter().position(|f| f == r) {
+                missing.remove(i);
+            }
+        }
+        let mut gone = reviewed.clone();
+        for f in &found {
+            if let Some(i) = gone.iter().position(|r| r == f) {
+                gone.remove(i);
+            }
+        }
+        assert!(
+            missing.is_empty() && gone.is_empty(),
+            "loops not reviewed: {missing:?}; reviewed loops no longer found: {gone:?}"
+        );
+    }
+
+    #[test]
+    fn loop_review_sees_every_loop_form() {
+        let src = "for (var i = 0u; i < n; i++) {\n\
+                   for (var j = 0u; j < n; j += 4u) { for (var k = 0u; k < n; k += WG) {\n\
+                   for (var z = 0u; z < n; z += 0u) {\n\
+                   for (var i = a; i <= n; i++) {\n\
+                   for (var d = 1u; d < n; d <<= 1u) {\n\
+                   for (var s = 0u; s < n; s += stride) {\n\
+                   while (hi - lo > 1u) {\n\
+                   loop {\n\
+                   // loop { in a comment\n\
+                   let forward = while_x + loops; // for (;;) {";
+        assert_eq!(
+            unplain_loops(src),
+            [
+                "for (var z = 0u; z < n; z += 0u)",
+                "for (var i = a; i <= n; i++)",
+                "for (var d = 1u; d < n; d <<= 1u)",
+                "for (var s = 0u; s < n; s += stride)",
+                "while (hi - lo > 1u)",
+                "loop",
+            ]
+        );
+    }
 
     #[test]
     fn expand_lines_instantiate_their_file_each_time() {

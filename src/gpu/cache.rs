@@ -135,6 +135,22 @@ impl PipelineCache {
     }
 }
 
+/// The runtime checks the pipelines are built with: wgpu's defaults without the loop bounding.
+///
+/// By default wgpu gives every shader loop a hidden iteration counter that breaks out after
+/// 2^64 iterations, so that an untrusted shader's endless loop cannot become undefined
+/// behaviour in a backend's compiler. These shaders are the crate's own, and each of their
+/// loops ends for every input: a counter stepping up by a constant to a bound, or one of the
+/// loops `shaders::tests::REVIEWED_LOOPS` lists with the reason it ends (a test fails on any
+/// loop that is neither). The counters cost lavapipe's attention pass 4–5 % (docs/perf.md).
+/// Bounds checks and the integer division checks stay on; the browser's WebGPU ignores these
+/// settings.
+fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.force_loop_bounding = false;
+    checks
+}
+
 async fn build(
     device: &wgpu::Device,
     key: &PipelineKey,
@@ -177,10 +193,13 @@ async fn build(
         .collect();
     let device_src = shaders::for_target(src, target);
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(&name),
         source: wgpu::ShaderSource::Wgsl(device_src.as_str().into()),
-    });
+    };
+    // SAFETY: `runtime_checks` leaves out only the loop bounding, and every loop of the crate's
+    // shaders ends for every input (see there).
+    let shader = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
     let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(&name),
         entries: &entries,
