@@ -168,6 +168,54 @@ fn total_of(p0: vec4<u32>, p1: vec4<u32>, j: u32) -> u32 {
     return (w >> (16u * ((j >> 2u) & 1u))) & 0xffffu;
 }
 
+// Step 1 of a wide row in one subgroup (entry `wide_sg`): the sampled threshold, from the
+// sample held in registers. Lane sl holds samples sl · n … sl · n + n − 1 (n = SAMPLE / ssz:
+// 16 quads at 8 lanes, the only subgroup size `wide_sg` is chosen for). The refinement of step
+// 2', run until its range is one key, gives the largest key v with at least goal + 1 samples
+// >= v: the key of rank `goal` (by descending key) that `wide_select` finds by ranking the
+// sample in workgroup memory, hence the same threshold and the same selection. The portable
+// ranking took ~0.09 ms of the decode row's ~0.26 ms on lavapipe: sixteen SIMD vectors each
+// reading the 128 quads of the sample from workgroup memory, between two barriers.
+fn sample_threshold_sg(base: u32, sl: u32, ssz: u32) -> u32 {
+    let goal = sample_goal();
+    let nq = min(SAMPLE / (4u * ssz), 16u);
+    var kv = array<vec4<u32>, 16>();
+    for (var i = 0u; i < nq; i++) {
+        let s = 4u * (sl * nq + i);
+        kv[i] = vec4<u32>(sample_key(base, s), sample_key(base, s + 1u),
+                          sample_key(base, s + 2u), sample_key(base, s + 3u));
+    }
+    var lo = 0u;           // at least goal + 1 samples are >= lo (all are >= 0)
+    var hi = 0xff800000u;  // the largest key (+inf): the threshold is at most hi
+    for (var round = 0u; round < REFINE_ROUNDS; round++) {
+        if (lo == hi) {
+            break;
+        }
+        let step = (hi - lo) / 16u + 1u;
+        let th = thresholds16(lo, step);
+        var p0 = vec4<u32>(0u);
+        var p1 = vec4<u32>(0u);
+        for (var i = 0u; i < nq; i++) {
+            p0 += count2(kv[i], th[0], th[1]);
+            p1 += count2(kv[i], th[2], th[3]);
+        }
+        let s0 = subgroup_sum(p0, ssz);  // at most SAMPLE per field
+        let s1 = subgroup_sum(p1, ssz);
+        var j = 15u;
+        loop {
+            if (j == 0u || total_of(s0, s1, j) > goal) {
+                break;
+            }
+            j--;
+        }
+        lo = lo + j * step;
+        if (j < 15u) {
+            hi = min(hi, lo + step - 1u);
+        }
+    }
+    return lo;
+}
+
 // Wide rows (`wide` of block_topk.wgsl, decode over a long context) with the subgroup ranking.
 @compute @workgroup_size(256)
 fn wide_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -177,7 +225,17 @@ fn wide_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (id >= P.rows) {
         return;
     }
-    wide_select(id, lid);
+    let base = id * P.w;
+    init_state(lid);
+    // Step 1 by the subgroup that holds invocation 0 (which stores the threshold after its
+    // own `init_state`), the others going straight on to the barrier of step 2.
+    if (subgroupMin(lid) == 0u) {
+        let t = sample_threshold_sg(base, sl, ssz);
+        if (lid == 0u) {
+            thr_s = t;
+        }
+    }
+    wide_compact(base, lid);
     rank_sg(id, lid, sl, ssz);
 }
 

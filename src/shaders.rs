@@ -471,6 +471,11 @@ mod tests {
             "each pass clears a bit of `bits` (pop_bit); leaves at 0",
         ),
         (
+            "block_topk_sg.wgsl",
+            "loop",
+            "sample_threshold_sg: j counts down from 15 and leaves at 0",
+        ),
+        (
             "expand_route.wgsl",
             "for (var s = lid; s <= P.k; s += 64u)",
             "P.k is far below u32::MAX (validated k)",

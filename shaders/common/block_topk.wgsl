@@ -429,8 +429,19 @@ fn rank_write(id: u32, lid: u32) {
     rank_end(id, lid, m, ra, rb);
 }
 
-// Steps 1 to 3 of a wide row (entry points `wide` and, with subgroups, `wide_sg`): the sampled
-// threshold, the radix select when it fails, and the compaction with winner masks.
+// The rank, among the SAMPLE sampled keys of a wide row, of its first threshold (step 1):
+// r - 1 for r = ceil(2.5 k · SAMPLE / W), within 1 ..= SAMPLE.
+fn sample_goal() -> u32 {
+    return clamp((5u * P.k * SAMPLE + 2u * P.w - 1u) / (2u * P.w), 1u, SAMPLE) - 1u;
+}
+
+// Sampled key s (0 .. SAMPLE - 1) of the row starting at element base.
+fn sample_key(base: u32, s: u32) -> u32 {
+    return key_of(score_bits(base + s * P.w / SAMPLE));
+}
+
+// Steps 1 to 3 of a wide row in the portable kernel (entry point `wide`): the sampled
+// threshold found by ranking the sample in workgroup memory, then `wide_compact`.
 fn wide_select(id: u32, lid: u32) {
     let base = id * P.w;
     init_state(lid);
@@ -438,10 +449,8 @@ fn wide_select(id: u32, lid: u32) {
     // 1. The sampled threshold.
     if (lid < SAMPLE / 4u) {
         let s = 4u * lid;
-        skey[lid] = vec4<u32>(key_of(score_bits(base + s * P.w / SAMPLE)),
-                              key_of(score_bits(base + (s + 1u) * P.w / SAMPLE)),
-                              key_of(score_bits(base + (s + 2u) * P.w / SAMPLE)),
-                              key_of(score_bits(base + (s + 3u) * P.w / SAMPLE)));
+        skey[lid] = vec4<u32>(sample_key(base, s), sample_key(base, s + 1u),
+                              sample_key(base, s + 2u), sample_key(base, s + 3u));
     }
     workgroupBarrier();
     // Rank by counting among the sample, as in step 4.
@@ -452,7 +461,7 @@ fn wide_select(id: u32, lid: u32) {
     for (var q = 0u; q < nq; q++) {
         ra += before_quad(skey[q], q, pa, ka);
     }
-    let goal = clamp((5u * P.k * SAMPLE + 2u * P.w - 1u) / (2u * P.w), 1u, SAMPLE) - 1u;
+    let goal = sample_goal();
     if (lid < SAMPLE / 4u) {
         let hit = ra == vec4<u32>(goal);
         if (hit.x) { thr_s = ka.x; }
@@ -460,6 +469,13 @@ fn wide_select(id: u32, lid: u32) {
         if (hit.z) { thr_s = ka.z; }
         if (hit.w) { thr_s = ka.w; }
     }
+    wide_compact(base, lid);
+}
+
+// Steps 2 and 3 of a wide row (entry points `wide` and `wide_sg`), once step 1 has stored the
+// sampled threshold in `thr_s` (0: none): the radix select when it fails, and the compaction
+// with winner masks.
+fn wide_compact(base: u32, lid: u32) {
     workgroupBarrier();
     if (lid == 0u && thr_s != 0u) {
         // Threshold "key >= T": the whole key compared, columns ignored.
