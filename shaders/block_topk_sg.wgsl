@@ -168,6 +168,23 @@ fn total_of(p0: vec4<u32>, p1: vec4<u32>, j: u32) -> u32 {
     return (w >> (16u * ((j >> 2u) & 1u))) & 0xffffu;
 }
 
+// One round of the refinement of step 2' from its counts (s0, s1) of the keys at or above the
+// thresholds lo + j · step: the last j whose count is at least `want` (j = 0, lo itself, holds
+// at least `want` by the invariant) becomes the range (new lo, new hi), returned with its count.
+fn refine_step(lo: u32, hi: u32, step: u32, s0: vec4<u32>, s1: vec4<u32>, want: u32) -> vec3<u32> {
+    var j = 15u;
+    var at = total_of(s0, s1, j);
+    loop {
+        if (j == 0u || at >= want) {
+            break;
+        }
+        j--;
+        at = total_of(s0, s1, j);
+    }
+    let t = lo + j * step;
+    return vec3<u32>(t, select(hi, min(hi, t + step - 1u), j < 15u), at);
+}
+
 // Step 1 of a wide row in one subgroup (entry `wide_sg`): the sampled threshold, from the
 // sample in a private array. Lane sl holds samples sl · n … sl · n + n − 1 (n = SAMPLE / ssz:
 // 16 quads at 8 lanes, the only subgroup size `wide_sg` is chosen for). The refinement of step
@@ -201,17 +218,9 @@ fn sample_threshold_sg(base: u32, sl: u32, ssz: u32) -> u32 {
         }
         let s0 = subgroup_sum(p0, ssz);  // at most SAMPLE per field
         let s1 = subgroup_sum(p1, ssz);
-        var j = 15u;
-        loop {
-            if (j == 0u || total_of(s0, s1, j) > goal) {
-                break;
-            }
-            j--;
-        }
-        lo = lo + j * step;
-        if (j < 15u) {
-            hi = min(hi, lo + step - 1u);
-        }
+        let r = refine_step(lo, hi, step, s0, s1, goal + 1u);
+        lo = r.x;
+        hi = r.y;
     }
     return lo;
 }
@@ -321,21 +330,10 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         if (round == 0u && total_of(s0, s1, 0u) <= P.k) {
             break;  // at most k candidates: all are kept
         }
-        var j = 15u;
-        var at = total_of(s0, s1, j);
-        loop {
-            if (j == 0u || at >= P.k) {
-                break;
-            }
-            j--;
-            at = total_of(s0, s1, j);
-        }
-        let t = lo + j * step;
-        lo = t;
-        if (j < 15u) {
-            hi = min(hi, t + step - 1u);
-        }
-        if (at - P.k <= SLACK || lo == hi) {
+        let r = refine_step(lo, hi, step, s0, s1, P.k);
+        lo = r.x;
+        hi = r.y;
+        if (r.z - P.k <= SLACK || lo == hi) {
             break;
         }
     }
