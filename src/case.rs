@@ -16,7 +16,9 @@ pub struct Case {
     pub inputs: TensorMap,
 }
 
-fn dtype_from(d: SDtype, name: &str) -> Result<DType> {
+/// The type of tensor `name`; an unsupported one is an error naming the operator where the
+/// file names one (`op`).
+fn dtype_from(d: SDtype, name: &str, op: Option<&'static str>) -> Result<DType> {
     Ok(match d {
         SDtype::F32 => DType::F32,
         SDtype::F16 => DType::F16,
@@ -24,12 +26,18 @@ fn dtype_from(d: SDtype, name: &str) -> Result<DType> {
         SDtype::I32 => DType::I32,
         SDtype::U32 => DType::U32,
         other => {
-            return Err(Error::Case(format!(
-                "tensor `{name}` has type {other:?}; supported: F32, F16, BF16, I32, U32"
-            )))
+            let msg = format!("has type {other:?}; supported: F32, F16, BF16, I32, U32");
+            return Err(match op {
+                Some(op) => Error::input(op, name, msg),
+                None => Error::Case(format!("tensor `{name}` {msg}")),
+            });
         }
     })
 }
+
+/// Metadata keys that are not attributes: `op`, and `format`, which safetensors writers of
+/// several frameworks add ("pt", "np") and which says nothing about the call.
+const NOT_ATTRIBUTES: &[&str] = &["op", "format"];
 
 fn dtype_to(d: DType) -> SDtype {
     match d {
@@ -57,21 +65,25 @@ impl Case {
             Ok(serde_json::Value::String(s)) => s,
             _ => op_text.trim().to_string(),
         };
+        // An unknown operator is the first thing to report; errors below name the known one.
+        let sop = crate::ops::signature(&op)?.op;
         let mut attrs = AttrMap::new();
         for (k, v) in &md {
-            if k == "op" {
+            if NOT_ATTRIBUTES.contains(&k.as_str()) {
                 continue;
             }
             let val: serde_json::Value = serde_json::from_str(v).map_err(|e| {
-                Error::Case(format!(
-                    "attribute `{k}`: value {v:?} is not JSON text: {e}"
-                ))
+                Error::attr(
+                    sop,
+                    k.as_str(),
+                    format!("value {v:?} is not JSON text: {e}"),
+                )
             })?;
             attrs.insert(k.clone(), val);
         }
         let mut inputs = TensorMap::new();
         for (name, view) in st.tensors() {
-            let dt = dtype_from(view.dtype(), &name)?;
+            let dt = dtype_from(view.dtype(), &name, Some(sop))?;
             let t = Tensor::from_bytes(dt, view.shape(), view.data().to_vec())?;
             inputs.insert(name, t);
         }
@@ -120,7 +132,7 @@ pub fn read_tensors(bytes: &[u8]) -> Result<TensorMap> {
         .map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
     let mut m = TensorMap::new();
     for (name, view) in st.tensors() {
-        let dt = dtype_from(view.dtype(), &name)?;
+        let dt = dtype_from(view.dtype(), &name, None)?;
         m.insert(
             name,
             Tensor::from_bytes(dt, view.shape(), view.data().to_vec())?,

@@ -85,6 +85,41 @@ fn run_case_gpu_and_cpu_agree() {
     }
 }
 
+/// A `format` entry (added by some safetensors writers) and a tensor under an output's name
+/// (expected results carried along) do not stop a case from running.
+#[test]
+fn format_entry_and_expected_outputs_are_ignored() {
+    let c = prepare_case(DType::F32);
+    let mut md = std::collections::HashMap::new();
+    md.insert("op".to_string(), "qsa_prepare".to_string());
+    md.insert("format".to_string(), "pt".to_string());
+    for (k, v) in &c.attrs {
+        md.insert(k.clone(), v.to_string());
+    }
+    let mut inputs = c.inputs.clone();
+    inputs.insert(
+        "block_index_keys".into(),
+        Tensor::from_f32(DType::F32, &[1], &[0.0]),
+    );
+    let bytes = qsa_wgpu::case::serialize(&inputs, Some(md)).unwrap();
+    let case = tmp("format.safetensors");
+    let out = tmp("format-out.safetensors");
+    std::fs::write(&case, bytes).unwrap();
+    let want = tmp("format-want.safetensors");
+    std::fs::write(&tmp("format-plain.safetensors"), c.to_bytes().unwrap()).unwrap();
+    for (src, dst) in [(&case, &out), (&tmp("format-plain.safetensors"), &want)] {
+        let (ok, err) = qsa(&[
+            "run",
+            src.to_str().unwrap(),
+            "-o",
+            dst.to_str().unwrap(),
+            "--cpu",
+        ]);
+        assert!(ok, "{err}");
+    }
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&want).unwrap());
+}
+
 #[test]
 fn bad_cases_write_nothing() {
     let out = tmp("never.safetensors");
@@ -110,7 +145,26 @@ fn bad_cases_write_nothing() {
     md.insert("op".to_string(), "qsa_prepare".to_string());
     md.insert("key_block_size".to_string(), "four".to_string());
     let bad_json = qsa_wgpu::case::serialize(&prepare_case(DType::F32).inputs, Some(md)).unwrap();
-    cases.push(("attribute not JSON", bad_json, "key_block_size"));
+    cases.push((
+        "attribute not JSON",
+        bad_json,
+        "qsa_prepare: attribute `key_block_size`",
+    ));
+    let mut c = prepare_case(DType::F32);
+    c.attrs.insert("epsilom".into(), json!(1e-5));
+    cases.push((
+        "unknown attribute",
+        c.to_bytes().unwrap(),
+        "qsa_prepare: attribute `epsilom`",
+    ));
+    let mut c = prepare_case(DType::F32);
+    let k = c.inputs["k_norm_weight"].clone();
+    c.inputs.insert("k_norm_weights".into(), k);
+    cases.push((
+        "unknown input",
+        c.to_bytes().unwrap(),
+        "qsa_prepare: input `k_norm_weights`",
+    ));
     for (what, bytes, needle) in cases {
         let case = tmp("bad.safetensors");
         std::fs::write(&case, bytes).unwrap();

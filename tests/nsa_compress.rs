@@ -56,6 +56,29 @@ fn hand_checked_windows() {
     assert_eq!(windows(5, 3, 2), 2);
     assert_eq!(windows(3, 3, 2), 1);
     assert_eq!(windows(2, 3, 2), 0);
+
+    // A stride longer than the window (SPEC §8.2 counts windows the same way): 7 tokens,
+    // l = 2, d = 3 give windows at tokens 0..2 and 3..5; tokens 2, 5 and 6 are in none.
+    let input: Vec<f32> = (0..7).flat_map(|t| [t as f32, 10.0 * t as f32]).collect();
+    let input = Tensor::from_f32(DType::F32, &[7, 1, 2], &input);
+    let weight = Tensor::from_f32(DType::F32, &[2, 1], &[1.0, -2.0]);
+    let seq_lens = Tensor::from_i32(&[1], &[7]);
+    let x = NsaCompressInputs {
+        input: &input,
+        weight: &weight,
+        seq_lens: &seq_lens,
+    };
+    let a = NsaCompressAttrs { l: 2, d: 3 };
+    // Window 0: 0 − 2·1 = −2; window 1: 3 − 2·4 = −5 (×10 in channel 1).
+    let want = vec![-2.0, -20.0, -5.0, -50.0];
+    assert_eq!(windows(7, 2, 3), 2);
+    assert_eq!(cpu(&x, &a).unwrap().to_f32(), want);
+    assert_eq!(
+        pollster::block_on(gpu(&util::ctx(), &x, &a))
+            .unwrap()
+            .to_f32(),
+        want
+    );
 }
 
 #[test]
@@ -69,6 +92,7 @@ fn gpu_matches_cpu() {
             (16, 16, 3, 33),
             (7, 3, 1, 5),
             (4, 1, 2, 17),
+            (3, 5, 2, 9),
         ] {
             let b = 1 + rng.below(4);
             let lens: Vec<i32> = (0..b)
@@ -91,7 +115,7 @@ fn gpu_matches_cpu() {
             cases += 1;
         }
     }
-    assert_eq!(cases, 12);
+    assert_eq!(cases, 15);
 }
 
 #[test]

@@ -14,7 +14,7 @@ pub const OP: &str = "nsa_compress";
 pub struct NsaCompressAttrs {
     /// Window length l (= rows of `weight`).
     pub l: usize,
-    /// Stride d between window starts, 1 ..= l.
+    /// Stride d between window starts (≥ 1; may exceed l).
     pub d: usize,
 }
 
@@ -24,13 +24,11 @@ impl NsaCompressAttrs {
         if !(1..=1 << 20).contains(&l) {
             return Err(Error::attr(OP, "l", format!("must be >= 1, got {l}")));
         }
+        // d > l is allowed: SPEC §8.2's window count holds for any d (the tokens between
+        // windows are then in none).
         let d = attr_int(OP, a, "d", None)?;
-        if d < 1 || d > l {
-            return Err(Error::attr(
-                OP,
-                "d",
-                format!("must be in 1..=l = {l}, got {d}"),
-            ));
+        if !(1..=1 << 20).contains(&d) {
+            return Err(Error::attr(OP, "d", format!("must be >= 1, got {d}")));
         }
         Ok(NsaCompressAttrs {
             l: l as usize,

@@ -206,7 +206,8 @@ fn nsa_compress_rules() {
             vec!["d", "missing"],
         ),
         (set("l", json!(0)), vec!["l", "0"]),
-        (set("d", json!(4)), vec!["d", "4"]),
+        (set("d", json!(0)), vec!["d", "0"]),
+        (set("d", json!(1 << 21)), vec!["d", "2097152"]),
         (ins("weight", f(&[4, 2])), vec!["weight", "[3, 2]"]),
         (
             ins("weight", Tensor::zeros(DType::BF16, &[3, 2])),
