@@ -106,8 +106,9 @@ fn format_entry_and_expected_outputs_are_ignored() {
     let out = tmp("format-out.safetensors");
     std::fs::write(&case, bytes).unwrap();
     let want = tmp("format-want.safetensors");
-    std::fs::write(&tmp("format-plain.safetensors"), c.to_bytes().unwrap()).unwrap();
-    for (src, dst) in [(&case, &out), (&tmp("format-plain.safetensors"), &want)] {
+    let plain = tmp("format-plain.safetensors");
+    std::fs::write(&plain, c.to_bytes().unwrap()).unwrap();
+    for (src, dst) in [(&case, &out), (&plain, &want)] {
         let (ok, err) = qsa(&[
             "run",
             src.to_str().unwrap(),
