@@ -4,6 +4,7 @@
 mod buffers;
 mod cache;
 mod copy;
+pub mod pin;
 mod texture;
 mod timer;
 
@@ -33,6 +34,9 @@ pub struct ContextOptions {
     /// Never load 32 bytes per invocation through 64-bit integer words (the NSA and attention
     /// subgroup variants then load 16-byte words, as on adapters without 64-bit integers).
     pub disable_wide_loads: bool,
+    /// Leave a CPU adapter's compute workers to the scheduler instead of binding each to its
+    /// own core (Linux, Mesa's llvmpipe: [`pin`]).
+    pub disable_thread_pinning: bool,
 }
 
 /// Adapter features an operator may choose a variant by.
@@ -71,6 +75,9 @@ pub struct Context {
     pub cache: PipelineCache,
     /// A 16-byte storage buffer bound where an optional input is absent.
     pub(crate) dummy: wgpu::Buffer,
+    /// How many of a CPU adapter's compute workers this context bound to a core each ([`pin`];
+    /// 0 where it left them to the scheduler).
+    pub pinned_workers: usize,
 }
 
 /// The host's CPU cores, read once per process (on Linux `available_parallelism` reads the
@@ -119,6 +126,8 @@ impl Context {
             (None, Some(b)) => vec![b],
             (None, None) => vec![wgpu::Backends::PRIMARY, wgpu::Backends::SECONDARY],
         };
+        // The process's threads before the driver starts its own ([`pin`]).
+        let threads_before = pin::before();
         let mut found = None;
         let mut errors = Vec::new();
         for backends in tries {
@@ -195,6 +204,11 @@ impl Context {
             mapped_at_creation: false,
         });
         let target = ShaderTarget::of(info.backend);
+        let pinned_workers = if caps.llvmpipe && !opts.disable_thread_pinning {
+            pin::bind_new_workers(&threads_before)
+        } else {
+            0
+        };
         Ok(Arc::new(Context {
             instance,
             adapter,
@@ -205,6 +219,7 @@ impl Context {
             caps,
             cache: PipelineCache::new(target),
             dummy,
+            pinned_workers,
         }))
     }
 

@@ -80,6 +80,12 @@ fn info(backend: &Option<String>) -> Result<()> {
             "false"
         }
     );
+    if ctx.caps.llvmpipe {
+        println!(
+            "workers      {} bound to a core each (llvmpipe)",
+            ctx.pinned_workers
+        );
+    }
     let l = &ctx.limits;
     println!(
         "limits       max_storage_buffer_binding_size {}",

@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// attention subgroup variants otherwise read K and V in 32-byte words).
     #[arg(long)]
     pub no_wide_loads: bool,
+    /// Leave a CPU adapter's compute workers to the scheduler instead of binding each to its
+    /// own core (Linux, Mesa's llvmpipe).
+    #[arg(long)]
+    pub no_thread_pinning: bool,
     /// Keep the GPU's clocks up with busy work before each pass and run: auto (on unless the
     /// adapter is a CPU), on, off.
     #[arg(long, value_enum, default_value_t = ClockHoldMode::Auto)]
@@ -147,6 +151,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         disable_subgroups: args.no_subgroups,
         disable_textures: args.no_textures,
         disable_wide_loads: args.no_wide_loads,
+        disable_thread_pinning: args.no_thread_pinning,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
     let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;
