@@ -32,14 +32,8 @@ fn hand_checked_windows() {
     let a = NsaCompressAttrs { l: 3, d: 2 };
     // Window 0: 0 + 0.5·1 − 2 = −1.5; window 1: 2 + 0.5·3 − 4 = −0.5 (×10 in channel 1).
     let want = vec![-1.5, -15.0, -0.5, -5.0];
-    assert_eq!(cpu(&x, &a).unwrap().to_f32(), want);
+    cpu_and_gpu_give(&x, &a, &want);
     assert_eq!(cpu(&x, &a).unwrap().shape, vec![2, 1, 2]);
-    assert_eq!(
-        pollster::block_on(gpu(&util::ctx(), &x, &a))
-            .unwrap()
-            .to_f32(),
-        want
-    );
     // Putting the short sequence first moves the windows but never mixes the sequences.
     let swapped: Vec<f32> = (0..7)
         .map(|t| (t + 5) % 7)
@@ -68,17 +62,20 @@ fn hand_checked_windows() {
         weight: &weight,
         seq_lens: &seq_lens,
     };
-    let a = NsaCompressAttrs { l: 2, d: 3 };
     // Window 0: 0 − 2·1 = −2; window 1: 3 − 2·4 = −5 (×10 in channel 1).
-    let want = vec![-2.0, -20.0, -5.0, -50.0];
     assert_eq!(windows(7, 2, 3), 2);
-    assert_eq!(cpu(&x, &a).unwrap().to_f32(), want);
-    assert_eq!(
-        pollster::block_on(gpu(&util::ctx(), &x, &a))
-            .unwrap()
-            .to_f32(),
-        want
+    cpu_and_gpu_give(
+        &x,
+        &NsaCompressAttrs { l: 2, d: 3 },
+        &[-2.0, -20.0, -5.0, -50.0],
     );
+}
+
+/// The CPU reference and the GPU both give exactly `want`.
+fn cpu_and_gpu_give(x: &NsaCompressInputs, a: &NsaCompressAttrs, want: &[f32]) {
+    assert_eq!(cpu(x, a).unwrap().to_f32(), want);
+    let got = pollster::block_on(gpu(&util::ctx(), x, a)).unwrap();
+    assert_eq!(got.to_f32(), want);
 }
 
 #[test]
