@@ -9,6 +9,18 @@ use qsa_wgpu::ops::{self, AttrMap, Exec, TensorMap};
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::DType;
 
+/// The allowed cores of the thread whose /proc directory is `dir`.
+#[cfg(target_os = "linux")]
+fn cpus_allowed(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 /// Each thread of the process with its allowed cores, from /proc.
 #[cfg(target_os = "linux")]
 fn affinities() -> Vec<(String, String)> {
@@ -17,14 +29,7 @@ fn affinities() -> Vec<(String, String)> {
         .map(|e| {
             let p = e.unwrap().path();
             let name = std::fs::read_to_string(p.join("comm")).unwrap();
-            let status = std::fs::read_to_string(p.join("status")).unwrap();
-            let cpus = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .unwrap()
-                .trim()
-                .to_string();
-            (name.trim_end().to_string(), cpus)
+            (name.trim_end().to_string(), cpus_allowed(&p))
         })
         .collect()
 }
@@ -33,13 +38,7 @@ fn affinities() -> Vec<(String, String)> {
 #[test]
 fn llvmpipe_workers_are_bound_one_per_core() {
     // The cores this thread (and every thread the process had) may use.
-    let all = std::fs::read_to_string("/proc/thread-self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .unwrap()
-        .trim()
-        .to_string();
+    let all = cpus_allowed(std::path::Path::new("/proc/thread-self"));
     assert!(affinities().iter().all(|(_, c)| *c == all));
     let ctx = util::ctx();
     let cores = std::thread::available_parallelism().unwrap().get();

@@ -120,17 +120,8 @@ pub fn ragged(
     rank(op, "cache_lengths", cache_lengths, 1)?;
     let cache = uints(op, "cache_lengths", cache_lengths)?;
     let n = cache.len();
-    if row_offsets.shape != [n + 1] {
-        return Err(Error::input(
-            op,
-            "row_offsets",
-            format!(
-                "expected shape [{}] (cache_lengths holds {n} sequences), got {:?}",
-                n + 1,
-                row_offsets.shape
-            ),
-        ));
-    }
+    let why = format!("cache_lengths holds {n} sequences");
+    shape_because(op, "row_offsets", row_offsets, &[n + 1], Some(&why))?;
     let offs = uints(op, "row_offsets", row_offsets)?;
     if offs[0] != 0 {
         return Err(Error::input(

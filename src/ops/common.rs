@@ -43,11 +43,24 @@ pub fn rank<'a>(op: &'static str, name: &str, t: &'a Tensor, r: usize) -> Result
 
 /// Checks that `t` has exactly `shape`.
 pub fn shape_is(op: &'static str, name: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
+    shape_because(op, name, t, shape, None)
+}
+
+/// [`shape_is`], the message saying where `shape` comes from (`why`, e.g. the input that
+/// fixed it), so that a mismatch between two inputs names both.
+pub fn shape_because(
+    op: &'static str,
+    name: &str,
+    t: &Tensor,
+    shape: &[usize],
+    why: Option<&str>,
+) -> Result<()> {
     if t.shape != shape {
+        let why = why.map_or(String::new(), |w| format!(" ({w})"));
         return Err(Error::input(
             op,
             name,
-            format!("expected shape {shape:?}, got {:?}", t.shape),
+            format!("expected shape {shape:?}{why}, got {:?}", t.shape),
         ));
     }
     Ok(())

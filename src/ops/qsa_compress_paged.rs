@@ -167,16 +167,8 @@ pub fn validate(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Plan> {
     let cache = uints(OP, "cache_lengths", x.cache_lengths)?;
     let n = cache.len();
     rank(OP, "cache_lengths", x.cache_lengths, 1)?;
-    if x.key_counts.shape != [n] {
-        return Err(Error::input(
-            OP,
-            "key_counts",
-            format!(
-                "expected shape [{n}] (cache_lengths holds {n} sequences), got {:?}",
-                x.key_counts.shape
-            ),
-        ));
-    }
+    let why = format!("cache_lengths holds {n} sequences");
+    shape_because(OP, "key_counts", x.key_counts, &[n], Some(&why))?;
     let kc = ints(OP, "key_counts", x.key_counts)?;
     let &[tn, max_pages] = rank(OP, "page_table", x.page_table, 2)? else {
         unreachable!()

@@ -108,7 +108,7 @@ fn info(backend: &Option<String>) -> Result<()> {
         "             max_compute_workgroups_per_dimension {}",
         l.max_compute_workgroups_per_dimension
     );
-    println!("operators    {}", ops::NAMES.join(", "));
+    println!("operators    {}", ops::names());
     Ok(())
 }
 
