@@ -549,6 +549,11 @@ mod tests {
         ),
         (
             "common/block_topk.wgsl",
+            "for (var e = e0 + lid; e < P.width; e += lanes)",
+            "lanes >= 1; P.width = k · r + r − 1 checked against k and r <= 64 by the host",
+        ),
+        (
+            "common/block_topk.wgsl",
             "loop",
             "each pass clears a bit of `bits` (pop_bit); leaves at 0",
         ),

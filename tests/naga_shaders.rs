@@ -222,7 +222,7 @@ fn params_structs_match_wgsl_layout() {
         "block_topk",
         block_topk::BlockTopkParams,
         "BlockTopkParams",
-        [rows, w, k, out_base]
+        [rows, w, k, out_base, hs, r, width, _pad]
     );
     check_params!(
         "block_score",

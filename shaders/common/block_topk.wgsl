@@ -3,18 +3,30 @@
 // `block_topk_sg.wgsl` (short rows with subgroups); the steps are described there.
 
 //#include common/dtype.wgsl
+//#include common/flags.wgsl
 
 struct BlockTopkParams {
     rows: u32,  // T · Hs
     w: u32,     // columns per row (<= 65536)
     k: u32,     // slots per row (1 ..= MAX_K)
     out_base: u32, // output row of scores row 0 (the orchestrator scores in row chunks)
+    // The token route (expand_route, SPEC §6) written by step 5 as well, in the indexer's
+    // step, where it saves a dispatch: selection groups Hs, ratio r (0: no route, the four
+    // bindings below unused) and the row width k·r + r − 1.
+    hs: u32,
+    r: u32,
+    width: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: BlockTopkParams;
 @group(0) @binding(1) var<storage, read> scores: array<vec4<u32>>;       // [T, Hs, W] f32 bits
 @group(0) @binding(2) var<storage, read_write> block_indices: array<i32>; // [T, Hs, k] i32
 @group(0) @binding(3) var<storage, read_write> block_count: array<i32>;   // [T, Hs] i32
+@group(0) @binding(4) var<storage, read> positions: array<i32>;          // [T] i32 (route)
+@group(0) @binding(5) var<storage, read_write> token_indices: array<i32>; // [T, Hs, width] i32
+@group(0) @binding(6) var<storage, read_write> token_count: array<i32>;   // [T, Hs] i32
+@group(0) @binding(7) var<storage, read_write> flags: atomic<u32>;
 
 const WG: u32 = 256u;
 const MAX_K: u32 = 2048u;
@@ -358,12 +370,42 @@ fn rank_end(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
     rank_tail(id, lid, m, WG);
 }
 
+// The route of output row g (t · Hs + group) when P.r > 0, as expand_route computes it:
+// x = vis(p) = (p + 1) / r, y = (p + 1) % r (the tail's length), z = 1 when the position is
+// negative (device data: the row gets no tokens and the flag). All 0 without a route.
+fn route_of(g: u32) -> vec3<u32> {
+    let on = P.r != 0u;
+    let rr = max(P.r, 1u);
+    let p = select(0, positions[g / max(P.hs, 1u)], on);
+    let pu = u32(max(p, 0));
+    let bad = select(0u, 1u, p < 0);
+    return select(vec3<u32>(0u), vec3<u32>((pu + 1u) / rr, (pu + 1u) % rr, bad), on);
+}
+
+// The route's entries of slot s, which holds block `col` (s < count): its r positions,
+// or −1 and the flag for a block outside 0 … vis(p) − 1 (the score rows make that
+// impossible in the indexer; device data all the same). Nothing without a route (r = 0).
+fn route_slot(g: u32, rt: vec3<u32>, s: u32, col: u32) {
+    let ok = col < rt.x && rt.z == 0u;
+    if (P.r != 0u && col >= rt.x && rt.z == 0u) {
+        atomicOr(&flags, FLAG_TOKEN);
+    }
+    let first = i32(col * P.r);
+    let m = select(0u, P.r, ok);
+    let base = g * P.width + s * P.r;
+    for (var j = 0u; j < P.r; j++) {
+        token_indices[base + j] = select(-1, first + i32(j), j < m);
+    }
+}
+
 // Step 5's columns: the owner of positions p0 = 8 lid .. p0 + 7 writes the column of each one
-// whose rank (ra, rb) is below n = min(k, m).
+// whose rank (ra, rb) is below n = min(k, m), and with a route its r token positions.
 fn rank_place(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
     let n = min(m, P.k);  // the winners: min(k, candidates)
     let p0 = 8u * lid;
-    let row = (P.out_base + id) * P.k;
+    let g = P.out_base + id;
+    let row = g * P.k;
+    let rt = route_of(g);
     for (var u = 0u; u < select(0u, 8u, p0 < m); u++) {
         let s = p0 + u;
         if (s < m) {
@@ -374,20 +416,37 @@ fn rank_place(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
             }
             if (r < n) {
                 block_indices[row + r] = i32(col);
+                route_slot(g, rt, r, col);
             }
         }
     }
 }
 
-// Step 5's padding and count, by `lanes` invocations (lid < lanes).
+// Step 5's padding and count, by `lanes` invocations (lid < lanes). With a route, its entries
+// from slot n on: the tail vis(p) · r … p first, then −1 to the row's end; and its count,
+// n · r + tail (0 for a negative position).
 fn rank_tail(id: u32, lid: u32, m: u32, lanes: u32) {
     let n = min(m, P.k);
-    let row = (P.out_base + id) * P.k;
+    let g = P.out_base + id;
+    let row = g * P.k;
     for (var s = n + lid; s < P.k; s += lanes) {
         block_indices[row + s] = -1;
     }
+    let rt = route_of(g);
+    let e0 = n * P.r;  // 0 … width without a route (r = width = 0)
+    let tail = select(rt.y, 0u, rt.z != 0u);
+    for (var e = e0 + lid; e < P.width; e += lanes) {
+        let i = e - e0;
+        token_indices[g * P.width + e] = select(-1, i32(rt.x * P.r + i), i < tail);
+    }
     if (lid == 0u) {
-        block_count[P.out_base + id] = i32(n);
+        block_count[g] = i32(n);
+        if (P.r != 0u) {
+            token_count[g] = select(i32(n * P.r + tail), 0, rt.z != 0u);
+            if (rt.z != 0u) {
+                atomicOr(&flags, FLAG_TOKEN);
+            }
+        }
     }
 }
 

@@ -75,6 +75,9 @@ pub struct Context {
     pub cache: PipelineCache,
     /// A 16-byte storage buffer bound where an optional input is absent.
     pub(crate) dummy: wgpu::Buffer,
+    /// Three more, bound where optional outputs are absent (writable bindings of one
+    /// dispatch must not share a buffer).
+    pub(crate) dummy_out: [wgpu::Buffer; 3],
     /// How many of a CPU adapter's compute workers this context bound to a core each ([`pin`];
     /// 0 where it left them to the scheduler).
     pub pinned_workers: usize,
@@ -197,12 +200,16 @@ impl Context {
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             log::error!("uncaptured wgpu error: {e}");
         }));
-        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("qsa.dummy"),
-            size: 16,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
+        let scratch = |label| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let dummy = scratch("qsa.dummy");
+        let dummy_out = ["qsa.dummy_out.0", "qsa.dummy_out.1", "qsa.dummy_out.2"].map(scratch);
         let target = ShaderTarget::of(info.backend);
         let pinned_workers = if caps.llvmpipe && !opts.disable_thread_pinning {
             pin::bind_new_workers(&threads_before)
@@ -219,6 +226,7 @@ impl Context {
             caps,
             cache: PipelineCache::new(target),
             dummy,
+            dummy_out,
             pinned_workers,
         }))
     }

@@ -1,8 +1,8 @@
 //! The optional attention stage of a step: the main paged KV pool (same pages as the index
 //! keys; on the device in shards of whole pages when it exceeds one storage binding), the
 //! attention queries, the output and the scratch of partial results, and `sparse_attention`
-//! recorded after expand so one submission runs compress → query → score → top-k → expand →
-//! attention.
+//! recorded after the top-k (which writes the token route) so one submission runs compress →
+//! query → score → top-k → attention.
 
 use super::{IndexerConfig, QsaIndexer, OP};
 use crate::error::{Error, Result};

@@ -9,9 +9,8 @@ use crate::gpu::{Context, GpuTensor, WordTexture};
 use crate::ops::block_score::{
     dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
 };
-use crate::ops::block_topk::{dispatch_topk, BlockTopkParams};
+use crate::ops::block_topk::{dispatch_topk, BlockTopkParams, TopkRoute};
 use crate::ops::common::read_checked;
-use crate::ops::expand_route::{dispatch_expand, ExpandBuffers, ExpandRouteParams};
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
 use crate::ops::sparse_attention::{
@@ -367,37 +366,29 @@ impl QsaIndexer {
                     .prepare(&ctx, "score", slot(tiling.other()), &other)
                     .await?;
             }
+            // The top-k writes the token route too (expand_route fused into its last step).
             let tp = BlockTopkParams {
                 rows: (rows * c.hs) as u32,
                 w: self.max_blocks as u32,
                 k: c.k as u32,
                 out_base: (base * c.hs) as u32,
+                hs: c.hs as u32,
+                r: c.r as u32,
+                width: c.route_width() as u32,
+                _pad: 0,
+            };
+            let route = TopkRoute {
+                positions: &b.pos.buffer,
+                token_indices: &b.token_indices.buffer,
+                token_count: &b.token_count.buffer,
+                flags: &b.flags.buffer,
             };
             let (bi, bc) = (&b.block_indices.buffer, &b.block_count.buffer);
-            let d = dispatch_topk(&ctx, &tp, &b.scores.buffer, bi, bc)?;
+            let d = dispatch_topk(&ctx, &tp, &b.scores.buffer, bi, bc, Some(route))?;
             self.binds.record(&ctx, &mut enc, "topk", chunk, d).await?;
             base += rows;
             chunk += 1;
         }
-
-        let ep = ExpandRouteParams {
-            t: t as u32,
-            hs: c.hs as u32,
-            k: c.k as u32,
-            r: c.r as u32,
-            width: c.route_width() as u32,
-            ..Default::default()
-        };
-        let eb = ExpandBuffers {
-            block_indices: &b.block_indices.buffer,
-            block_count: &b.block_count.buffer,
-            positions: &b.pos.buffer,
-            token_indices: &b.token_indices.buffer,
-            token_count: &b.token_count.buffer,
-            flags: &b.flags.buffer,
-        };
-        let d = dispatch_expand(&ctx, &ep, &eb)?;
-        self.binds.record(&ctx, &mut enc, "expand", 0, d).await?;
 
         if let (Some(q), Some(kv)) = (attention_query, &self.kv) {
             kv.query.write(&ctx, &q.data);
@@ -453,7 +444,8 @@ impl QsaIndexer {
         self.binds.set_timing(&self.ctx, on, 256)
     }
 
-    /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk`, `expand`, and
+    /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk` (which also writes the
+    /// token route), and
     /// `attention_route` / `attention` / `attention_combine` after a step with attention; chunks and shards summed)
     /// of the last step, when timing is on.
     pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {

@@ -6,6 +6,7 @@
 use super::common::*;
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::ops::qsa_compress_paged::MAX_RATIO;
 use crate::tensor::{DType, Tensor};
 use std::cmp::Ordering;
 
@@ -160,7 +161,7 @@ impl Plan {
             rows: (self.t * self.hs) as u32,
             w: self.w as u32,
             k: self.k as u32,
-            out_base: 0,
+            ..Default::default()
         }
     }
 }
@@ -249,21 +250,118 @@ pub struct BlockTopkParams {
     pub k: u32,
     /// Output row of score row 0 (scores may hold one row chunk of a larger output).
     pub out_base: u32,
+    /// The fused token route ([`TopkRoute`]): selection groups per token row …
+    pub hs: u32,
+    /// … the ratio (0: no route) …
+    pub r: u32,
+    /// … and the route's row width, k · r + r − 1 (0 without a route).
+    pub width: u32,
+    pub _pad: u32,
+}
+
+/// The token route of `expand_route` (SPEC §6), written by the top-k's last step in the same
+/// dispatch: the indexer's step, where a dispatch of its own cost lavapipe ~0.07 ms of a
+/// ~1.7 ms decode step (docs/perf.md). Rows `t · Hs + g` of the selection are token row t's
+/// group g; `params.hs`, `params.r` and `params.width` describe it. The outputs are those of
+/// `expand_route` over the selection just made, flags included.
+pub struct TopkRoute<'a> {
+    /// `[T]` i32: each token row's position.
+    pub positions: &'a wgpu::Buffer,
+    /// `[T, Hs, k·r + r − 1]` i32.
+    pub token_indices: &'a wgpu::Buffer,
+    /// `[T, Hs]` i32.
+    pub token_count: &'a wgpu::Buffer,
+    /// The device flag word.
+    pub flags: &'a wgpu::Buffer,
 }
 
 /// Describes the selection over device buffers: `scores [rows, w]` f32 into rows
 /// `out_base ..` of `indices [.., k]` i32 and `count [..]` i32 (every slot of those rows is
-/// written). For orchestrators that keep the
-/// scores on the device.
+/// written), and with `route` (and `params.r > 0`) the token route of those rows. For
+/// orchestrators that keep the scores on the device.
 pub fn dispatch_topk<'a>(
     ctx: &'a Context,
     params: &'a BlockTopkParams,
     scores: &'a wgpu::Buffer,
     indices: &'a wgpu::Buffer,
     count: &'a wgpu::Buffer,
+    route: Option<TopkRoute<'a>>,
 ) -> Result<Dispatch<'a>> {
     let (rows, w, k) = (params.rows as u64, params.w as u64, params.k as u64);
     let out = params.out_base as u64;
+    let [d0, d1, d2] = &ctx.dummy_out;
+    let route = match (route, params.r) {
+        (None, 0) => {
+            if params.width != 0 {
+                return Err(Error::attr(
+                    OP,
+                    "width",
+                    format!("{} without a route (r = 0)", params.width),
+                ));
+            }
+            TopkRoute {
+                positions: &ctx.dummy,
+                token_indices: d0,
+                token_count: d1,
+                flags: d2,
+            }
+        }
+        (Some(rt), r) if r > 0 => {
+            let (hs, width) = (params.hs as u64, params.width as u64);
+            // The ratios of qsa_compress_paged; larger ones would also strain llvmpipe's
+            // per-invocation loop budget (docs/operators.md, block_topk).
+            if r as usize > MAX_RATIO {
+                return Err(Error::attr(OP, "r", format!("{r} exceeds {MAX_RATIO}")));
+            }
+            if width != k * r as u64 + r as u64 - 1 {
+                return Err(Error::attr(
+                    OP,
+                    "width",
+                    format!(
+                        "{width} is not k · r + r − 1 = {}",
+                        k * r as u64 + r as u64 - 1
+                    ),
+                ));
+            }
+            if hs == 0 || !out.is_multiple_of(hs) || !rows.is_multiple_of(hs) {
+                return Err(Error::attr(
+                    OP,
+                    "hs",
+                    format!("{hs} does not divide out_base {out} and rows {rows}"),
+                ));
+            }
+            for (name, buf, need) in [
+                ("positions", rt.positions, (out + rows) / hs * 4),
+                ("token_indices", rt.token_indices, (out + rows) * width * 4),
+                ("token_count", rt.token_count, (out + rows) * 4),
+                ("flags", rt.flags, 4),
+            ] {
+                ctx.check_binding_size(OP, name, need)?;
+                if buf.size() < need {
+                    return Err(Error::input(
+                        OP,
+                        name,
+                        format!("buffer holds {} bytes, {rows} rows need {need}", buf.size()),
+                    ));
+                }
+            }
+            rt
+        }
+        (Some(_), _) => {
+            return Err(Error::attr(
+                OP,
+                "r",
+                "a route needs r >= 1, got 0".to_string(),
+            ));
+        }
+        (None, r) => {
+            return Err(Error::attr(
+                OP,
+                "r",
+                format!("{r} without the route's buffers"),
+            ));
+        }
+    };
     if params.k == 0 || k > MAX_K as u64 {
         return Err(Error::attr(
             OP,
@@ -298,7 +396,15 @@ pub fn dispatch_topk<'a>(
             PipelineKey::new(shader, entry)
         },
         params: bytemuck::bytes_of(params),
-        buffers: vec![scores, indices, count],
+        buffers: vec![
+            scores,
+            indices,
+            count,
+            route.positions,
+            route.token_indices,
+            route.token_count,
+            route.flags,
+        ],
         textures: vec![],
         groups: params.rows,
     })
@@ -316,7 +422,7 @@ pub async fn encode_topk(
     encode(
         ctx,
         enc,
-        dispatch_topk(ctx, params, scores, indices, count)?,
+        dispatch_topk(ctx, params, scores, indices, count, None)?,
     )
     .await
 }

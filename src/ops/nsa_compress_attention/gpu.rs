@@ -66,7 +66,7 @@ impl NsaCompressAttentionParams {
             rows: self.rows * self.n2,
             w: self.w,
             k: self.k,
-            out_base: 0,
+            ..Default::default()
         }
     }
 }
@@ -463,7 +463,7 @@ pub fn dispatch_nsa_compress_attention<'a>(
     }
     out.push((
         STAGES[3],
-        block_topk::dispatch_topk(ctx, sel, b.scores, b.topk, b.count)?,
+        block_topk::dispatch_topk(ctx, sel, b.scores, b.topk, b.count, None)?,
     ));
     Ok(out)
 }
