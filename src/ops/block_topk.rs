@@ -290,6 +290,12 @@ pub fn dispatch_topk<'a>(
     let (rows, w, k) = (params.rows as u64, params.w as u64, params.k as u64);
     let out = params.out_base as u64;
     let [d0, d1, d2] = &ctx.dummy_out;
+    // Each bound buffer with the bytes this call needs of it.
+    let mut needs = vec![
+        ("scores", scores, rows * w * 4),
+        ("block_indices", indices, (out + rows) * k * 4),
+        ("block_count", count, (out + rows) * 4),
+    ];
     let route = match (route, params.r) {
         (None, 0) => {
             if params.width != 0 {
@@ -330,21 +336,12 @@ pub fn dispatch_topk<'a>(
                     format!("{hs} does not divide out_base {out} and rows {rows}"),
                 ));
             }
-            for (name, buf, need) in [
+            needs.extend([
                 ("positions", rt.positions, (out + rows) / hs * 4),
                 ("token_indices", rt.token_indices, (out + rows) * width * 4),
                 ("token_count", rt.token_count, (out + rows) * 4),
                 ("flags", rt.flags, 4),
-            ] {
-                ctx.check_binding_size(OP, name, need)?;
-                if buf.size() < need {
-                    return Err(Error::input(
-                        OP,
-                        name,
-                        format!("buffer holds {} bytes, {rows} rows need {need}", buf.size()),
-                    ));
-                }
-            }
+            ]);
             rt
         }
         (Some(_), _) => {
@@ -376,11 +373,7 @@ pub fn dispatch_topk<'a>(
             format!("row width W = {w} exceeds {MAX_W}"),
         ));
     }
-    for (name, buf, need) in [
-        ("scores", scores, rows * w * 4),
-        ("block_indices", indices, (out + rows) * k * 4),
-        ("block_count", count, (out + rows) * 4),
-    ] {
+    for (name, buf, need) in needs {
         ctx.check_binding_size(OP, name, need)?;
         if buf.size() < need {
             return Err(Error::input(
