@@ -399,6 +399,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     let n = rank_begin(sl);
     let nq = (n + 3u) >> 2u;
+    let rt = route_of(P.out_base + id);
     // Each owner block of 64 positions compares only the quads of its buckets: entries in the
     // buckets above come before every one of its own, those below after.
     for (var ob = 0u; ob < (n + 8u * RL - 1u) / (8u * RL); ob++) {
@@ -407,7 +408,7 @@ fn row_sg(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let start = bucket_start(alla, allb, position_bucket(alla, allb, first));
         let end = total_of(alla, allb, position_bucket(alla, allb, last));
         let r = rank_counts(RL * ob + sl, sl, ssz, n, vec2<u32>(start >> 2u, min((end + 3u) >> 2u, nq)));
-        rank_place(id, RL * ob + sl, n, r[0], r[1]);
+        rank_place(id, RL * ob + sl, n, r[0], r[1], rt);
     }
-    rank_tail(id, sl, n, RL);
+    rank_tail(id, sl, n, RL, rt);
 }

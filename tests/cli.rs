@@ -6,7 +6,7 @@ use qsa_wgpu::ops::{AttrMap, TensorMap};
 use qsa_wgpu::testing::{compare, transform_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn tmp(name: &str) -> PathBuf {
@@ -24,6 +24,15 @@ fn qsa(args: &[&str]) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `qsa run case -o out`, with `--cpu` when `cpu`.
+fn run_case(case: &Path, out: &Path, cpu: bool) -> (bool, String) {
+    let mut args = vec!["run", case.to_str().unwrap(), "-o", out.to_str().unwrap()];
+    if cpu {
+        args.push("--cpu");
+    }
+    qsa(&args)
 }
 
 fn prepare_case(dt: DType) -> Case {
@@ -61,15 +70,9 @@ fn run_case_gpu_and_cpu_agree() {
             tmp(&format!("gpu-{dt}.safetensors")),
             tmp(&format!("cpu-{dt}.safetensors")),
         );
-        let (ok, err) = qsa(&["run", case.to_str().unwrap(), "-o", g.to_str().unwrap()]);
+        let (ok, err) = run_case(&case, &g, false);
         assert!(ok, "{err}");
-        let (ok, err) = qsa(&[
-            "run",
-            case.to_str().unwrap(),
-            "-o",
-            c.to_str().unwrap(),
-            "--cpu",
-        ]);
+        let (ok, err) = run_case(&case, &c, true);
         assert!(ok, "{err}");
         let g = read_tensors(&std::fs::read(g).unwrap()).unwrap();
         let c = read_tensors(&std::fs::read(c).unwrap()).unwrap();
@@ -109,13 +112,7 @@ fn format_entry_and_expected_outputs_are_ignored() {
     let plain = tmp("format-plain.safetensors");
     std::fs::write(&plain, c.to_bytes().unwrap()).unwrap();
     for (src, dst) in [(&case, &out), (&plain, &want)] {
-        let (ok, err) = qsa(&[
-            "run",
-            src.to_str().unwrap(),
-            "-o",
-            dst.to_str().unwrap(),
-            "--cpu",
-        ]);
+        let (ok, err) = run_case(src, dst, true);
         assert!(ok, "{err}");
     }
     assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&want).unwrap());
@@ -171,11 +168,7 @@ fn bad_cases_write_nothing() {
         std::fs::write(&case, bytes).unwrap();
         for cpu in [false, true] {
             let _ = std::fs::remove_file(&out);
-            let mut args = vec!["run", case.to_str().unwrap(), "-o", out.to_str().unwrap()];
-            if cpu {
-                args.push("--cpu");
-            }
-            let (ok, err) = qsa(&args);
+            let (ok, err) = run_case(&case, &out, cpu);
             assert!(!ok, "{what}: must fail");
             assert!(
                 err.contains(needle),
@@ -184,12 +177,7 @@ fn bad_cases_write_nothing() {
             assert!(!out.exists(), "{what}: an output file was written");
         }
     }
-    let (ok, err) = qsa(&[
-        "run",
-        "/nonexistent/case.safetensors",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let (ok, err) = run_case(Path::new("/nonexistent/case.safetensors"), &out, false);
     assert!(!ok && err.contains("/nonexistent/case.safetensors") && !out.exists());
 }
 

@@ -366,8 +366,9 @@ fn rank_begin(lid: u32) -> u32 {
 // Step 4's end and step 5: the owner of positions p0 = 8 lid .. p0 + 7 writes the column of
 // each one whose rank (ra, rb) is below n = min(k, m); padding; the count.
 fn rank_end(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
-    rank_place(id, lid, m, ra, rb);
-    rank_tail(id, lid, m, WG);
+    let rt = route_of(P.out_base + id);
+    rank_place(id, lid, m, ra, rb, rt);
+    rank_tail(id, lid, m, WG, rt);
 }
 
 // The route of output row g (t · Hs + group) when P.r > 0, as expand_route computes it:
@@ -387,7 +388,7 @@ fn route_of(g: u32) -> vec3<u32> {
 // impossible in the indexer; device data all the same). Nothing without a route (r = 0).
 fn route_slot(g: u32, rt: vec3<u32>, s: u32, col: u32) {
     let ok = col < rt.x && rt.z == 0u;
-    if (P.r != 0u && col >= rt.x && rt.z == 0u) {
+    if (P.r != 0u && rt.z == 0u && !ok) {
         atomicOr(&flags, FLAG_TOKEN);
     }
     let first = i32(col * P.r);
@@ -399,13 +400,13 @@ fn route_slot(g: u32, rt: vec3<u32>, s: u32, col: u32) {
 }
 
 // Step 5's columns: the owner of positions p0 = 8 lid .. p0 + 7 writes the column of each one
-// whose rank (ra, rb) is below n = min(k, m), and with a route its r token positions.
-fn rank_place(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
+// whose rank (ra, rb) is below n = min(k, m), and with a route (rt = route_of(row)) its r
+// token positions.
+fn rank_place(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>, rt: vec3<u32>) {
     let n = min(m, P.k);  // the winners: min(k, candidates)
     let p0 = 8u * lid;
     let g = P.out_base + id;
     let row = g * P.k;
-    let rt = route_of(g);
     for (var u = 0u; u < select(0u, 8u, p0 < m); u++) {
         let s = p0 + u;
         if (s < m) {
@@ -425,14 +426,13 @@ fn rank_place(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>) {
 // Step 5's padding and count, by `lanes` invocations (lid < lanes). With a route, its entries
 // from slot n on: the tail vis(p) · r … p first, then −1 to the row's end; and its count,
 // n · r + tail (0 for a negative position).
-fn rank_tail(id: u32, lid: u32, m: u32, lanes: u32) {
+fn rank_tail(id: u32, lid: u32, m: u32, lanes: u32, rt: vec3<u32>) {
     let n = min(m, P.k);
     let g = P.out_base + id;
     let row = g * P.k;
     for (var s = n + lid; s < P.k; s += lanes) {
         block_indices[row + s] = -1;
     }
-    let rt = route_of(g);
     let e0 = n * P.r;  // 0 … width without a route (r = width = 0)
     let tail = select(rt.y, 0u, rt.z != 0u);
     for (var e = e0 + lid; e < P.width; e += lanes) {

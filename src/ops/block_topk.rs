@@ -319,14 +319,12 @@ pub fn dispatch_topk<'a>(
             if r as usize > MAX_RATIO {
                 return Err(Error::attr(OP, "r", format!("{r} exceeds {MAX_RATIO}")));
             }
-            if width != k * r as u64 + r as u64 - 1 {
+            let want = k * r as u64 + r as u64 - 1;
+            if width != want {
                 return Err(Error::attr(
                     OP,
                     "width",
-                    format!(
-                        "{width} is not k · r + r − 1 = {}",
-                        k * r as u64 + r as u64 - 1
-                    ),
+                    format!("{width} is not k · r + r − 1 = {want}"),
                 ));
             }
             if hs == 0 || !out.is_multiple_of(hs) || !rows.is_multiple_of(hs) {
