@@ -1,7 +1,39 @@
 //! Helpers shared by the tests, the demo and the bench: a seeded generator for synthetic
-//! data, and the comparator that checks a GPU output against the CPU reference.
+//! data, the comparator that checks a GPU output against the CPU reference, and scratch
+//! directories for the tests that write files.
 
 use crate::tensor::{DType, Tensor};
+
+/// A scratch directory for one test, removed with its files when dropped (also when the test
+/// panics), so that test runs leave nothing behind in the system's temporary directory.
+#[cfg(not(target_arch = "wasm32"))]
+pub struct ScratchDir(std::path::PathBuf);
+
+#[cfg(not(target_arch = "wasm32"))]
+impl ScratchDir {
+    /// A new empty directory `qsa-{name}-{process}-{n}` in the temporary directory; `n` keeps
+    /// the directories of tests running at once in one process apart.
+    pub fn new(name: &str) -> ScratchDir {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("qsa-{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        ScratchDir(dir)
+    }
+
+    /// The path of `file` inside the directory.
+    pub fn file(&self, file: &str) -> std::path::PathBuf {
+        self.0.join(file)
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// SplitMix64: small, seedable, good enough for test data.
 pub struct Rng(u64);

@@ -3,17 +3,11 @@
 
 use qsa_wgpu::case::{read_tensors, Case};
 use qsa_wgpu::ops::{AttrMap, TensorMap};
-use qsa_wgpu::testing::{compare, transform_tol, Rng};
+use qsa_wgpu::testing::{compare, transform_tol, Rng, ScratchDir};
 use qsa_wgpu::{DType, Tensor};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("qsa-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
-}
 
 fn qsa(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
@@ -63,12 +57,13 @@ fn prepare_case(dt: DType) -> Case {
 
 #[test]
 fn run_case_gpu_and_cpu_agree() {
+    let dir = ScratchDir::new("cli");
     for dt in [DType::F32, DType::BF16] {
-        let case = tmp(&format!("prepare-{dt}.safetensors"));
+        let case = dir.file(&format!("prepare-{dt}.safetensors"));
         std::fs::write(&case, prepare_case(dt).to_bytes().unwrap()).unwrap();
         let (g, c) = (
-            tmp(&format!("gpu-{dt}.safetensors")),
-            tmp(&format!("cpu-{dt}.safetensors")),
+            dir.file(&format!("gpu-{dt}.safetensors")),
+            dir.file(&format!("cpu-{dt}.safetensors")),
         );
         let (ok, err) = run_case(&case, &g, false);
         assert!(ok, "{err}");
@@ -92,6 +87,7 @@ fn run_case_gpu_and_cpu_agree() {
 /// (expected results carried along) do not stop a case from running.
 #[test]
 fn format_entry_and_expected_outputs_are_ignored() {
+    let dir = ScratchDir::new("cli");
     let c = prepare_case(DType::F32);
     let mut md = std::collections::HashMap::new();
     md.insert("op".to_string(), "qsa_prepare".to_string());
@@ -105,11 +101,11 @@ fn format_entry_and_expected_outputs_are_ignored() {
         Tensor::from_f32(DType::F32, &[1], &[0.0]),
     );
     let bytes = qsa_wgpu::case::serialize(&inputs, Some(md)).unwrap();
-    let case = tmp("format.safetensors");
-    let out = tmp("format-out.safetensors");
+    let case = dir.file("format.safetensors");
+    let out = dir.file("format-out.safetensors");
     std::fs::write(&case, bytes).unwrap();
-    let want = tmp("format-want.safetensors");
-    let plain = tmp("format-plain.safetensors");
+    let want = dir.file("format-want.safetensors");
+    let plain = dir.file("format-plain.safetensors");
     std::fs::write(&plain, c.to_bytes().unwrap()).unwrap();
     for (src, dst) in [(&case, &out), (&plain, &want)] {
         let (ok, err) = run_case(src, dst, true);
@@ -120,7 +116,8 @@ fn format_entry_and_expected_outputs_are_ignored() {
 
 #[test]
 fn bad_cases_write_nothing() {
-    let out = tmp("never.safetensors");
+    let dir = ScratchDir::new("cli");
+    let out = dir.file("never.safetensors");
     let mut cases: Vec<(&str, Vec<u8>, &str)> = Vec::new();
     let mut c = prepare_case(DType::F32);
     c.op = "qsa_unknown".into();
@@ -164,7 +161,7 @@ fn bad_cases_write_nothing() {
         "qsa_prepare: input `k_norm_weights`",
     ));
     for (what, bytes, needle) in cases {
-        let case = tmp("bad.safetensors");
+        let case = dir.file("bad.safetensors");
         std::fs::write(&case, bytes).unwrap();
         for cpu in [false, true] {
             let _ = std::fs::remove_file(&out);
@@ -199,12 +196,13 @@ fn info_lists_adapter_and_limits() {
 
 #[test]
 fn bench_runs_the_peer_before_each_preset() {
+    let dir = ScratchDir::new("cli");
     // A stand-in peer (a shell script in the peer's command-line and JSON shape) that logs its
     // presets: `qsa bench --peer` runs it once per preset, just before our runs of that preset,
     // and divides our wall median by its median. The clock hold is on (its work runs before
     // each pass and run), and so is the cache eviction before each run.
-    let script = tmp("peer.sh");
-    let log = tmp("peer.log");
+    let script = dir.file("peer.sh");
+    let log = dir.file("peer.log");
     let _ = std::fs::remove_file(&log);
     std::fs::write(
         &script,
@@ -216,7 +214,7 @@ fn bench_runs_the_peer_before_each_preset() {
     .unwrap();
     // The stand-in's "python": asked for the peer's runtime (`-c …`) it names one; else it runs
     // the script with sh.
-    let python = tmp("python.sh");
+    let python = dir.file("python.sh");
     std::fs::write(
         &python,
         "#!/bin/sh\nif [ \"$1\" = -c ]; then echo 'torch 9.9.9, 2 threads'; exit 0; fi\nexec sh \"$@\"\n",

@@ -15,7 +15,7 @@ use qsa_wgpu::ops::sparse_attention::{
 };
 use qsa_wgpu::ops::{AttrMap, TensorMap};
 use qsa_wgpu::paged::PoolLayout;
-use qsa_wgpu::testing::{attention_tol, compare, Rng};
+use qsa_wgpu::testing::{attention_tol, compare, Rng, ScratchDir};
 use qsa_wgpu::{DType, Tensor};
 use serde_json::json;
 
@@ -322,8 +322,7 @@ fn longest_split(e: usize, ev: usize) {
 
 #[test]
 fn case_file_through_cli() {
-    let dir = std::env::temp_dir().join(format!("qsa-attn-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("attention-cli");
     let mut m = inputs(&mut Rng::new(6));
     let bf = |t: &Tensor| Tensor::from_f32(DType::BF16, &t.shape, &t.to_f32());
     for name in ["query", "kv_blocks"] {
@@ -338,11 +337,11 @@ fn case_file_through_cli() {
         ]),
         inputs: m.clone(),
     };
-    let path = dir.join("case.safetensors");
+    let path = dir.file("case.safetensors");
     std::fs::write(&path, case.to_bytes().unwrap()).unwrap();
     let mut outs = Vec::new();
     for cpu_flag in [false, true] {
-        let out = dir.join(format!("out-{cpu_flag}.safetensors"));
+        let out = dir.file(&format!("out-{cpu_flag}.safetensors"));
         let mut args = vec!["run", path.to_str().unwrap(), "-o", out.to_str().unwrap()];
         if cpu_flag {
             args.push("--cpu");
