@@ -72,7 +72,8 @@ impl PoolLayout {
     /// num_kv_heads, head_dim]`, or rank 5 without the heads axis when `heads_optional` (the
     /// single-head indexer pool). With a `page_stride` larger than the packed page, the
     /// tensor's elements are read as consecutive pages of that stride, and `num_pages` is the
-    /// number of whole pages they hold.
+    /// number of pages whose elements all lie in the tensor (the last one need not be followed
+    /// by a full stride).
     pub fn from_tensor(
         op: &'static str,
         name: &str,

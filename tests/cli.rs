@@ -176,6 +176,22 @@ fn bad_cases_write_nothing() {
     }
     let (ok, err) = run_case(Path::new("/nonexistent/case.safetensors"), &out, false);
     assert!(!ok && err.contains("/nonexistent/case.safetensors") && !out.exists());
+    // An output in a directory that does not exist: the message names the operator and the
+    // path asked for (not the temporary file written first), and nothing is left behind.
+    let case = dir.file("good.safetensors");
+    std::fs::write(&case, prepare_case(DType::F32).to_bytes().unwrap()).unwrap();
+    let missing = dir.file("no-such-dir");
+    let out = missing.join("out.safetensors");
+    let (ok, err) = run_case(&case, &out, true);
+    assert!(!ok, "writing into a missing directory must fail");
+    let shown = out.to_str().unwrap();
+    assert!(
+        err.contains("qsa_prepare")
+            && err.contains(&format!("{shown}:"))
+            && !err.contains(".partial"),
+        "stderr {err:?} should name the operator and {shown:?} only"
+    );
+    assert!(!missing.exists());
 }
 
 #[test]

@@ -29,14 +29,7 @@ pub struct BlockScoreAttrs {
 
 impl BlockScoreAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
-        let ratio = attr_int(OP, a, "ratio", None)?;
-        if !(1..=1 << 20).contains(&ratio) {
-            return Err(Error::attr(
-                OP,
-                "ratio",
-                format!("must be >= 1, got {ratio}"),
-            ));
-        }
+        let ratio = attr_int_in(OP, a, "ratio", None, 1, 1 << 20)?;
         let hs = attr_int(OP, a, "num_selection_heads", Some(1))?;
         if hs < 1 {
             return Err(Error::attr(

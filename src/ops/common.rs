@@ -136,8 +136,34 @@ pub fn attr_int(op: &'static str, a: &AttrMap, name: &str, default: Option<i64>)
             name,
             format!("expected an integer, got {v}"),
         )),
-        None => default.ok_or_else(|| Error::attr(op, name, "required attribute is missing")),
+        None => {
+            default.ok_or_else(|| Error::attr(op, name, "required attribute is missing (or null)"))
+        }
     }
+}
+
+/// An integer attribute in `lo ..= hi`, `default` when absent (`None`: required); the error
+/// says which bound a value breaks.
+pub fn attr_int_in(
+    op: &'static str,
+    a: &AttrMap,
+    name: &str,
+    default: Option<i64>,
+    lo: i64,
+    hi: i64,
+) -> Result<i64> {
+    let v = attr_int(op, a, name, default)?;
+    if v < lo {
+        return Err(Error::attr(op, name, format!("must be >= {lo}, got {v}")));
+    }
+    if v > hi {
+        return Err(Error::attr(
+            op,
+            name,
+            format!("must be at most {hi}, got {v}"),
+        ));
+    }
+    Ok(v)
 }
 
 /// A finite float attribute, `default` when absent.

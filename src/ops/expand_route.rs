@@ -27,10 +27,7 @@ impl<'a> ExpandRouteInputs<'a> {
 
 /// The ratio attribute (required, ≥ 1).
 pub fn ratio_from_map(a: &AttrMap) -> Result<usize> {
-    let r = attr_int(OP, a, "ratio", None)?;
-    if !(1..=1 << 20).contains(&r) {
-        return Err(Error::attr(OP, "ratio", format!("must be >= 1, got {r}")));
-    }
+    let r = attr_int_in(OP, a, "ratio", None, 1, 1 << 20)?;
     Ok(r as usize)
 }
 

@@ -20,16 +20,10 @@ pub struct NsaCompressAttrs {
 
 impl NsaCompressAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
-        let l = attr_int(OP, a, "l", None)?;
-        if !(1..=1 << 20).contains(&l) {
-            return Err(Error::attr(OP, "l", format!("must be >= 1, got {l}")));
-        }
+        let l = attr_int_in(OP, a, "l", None, 1, 1 << 20)?;
         // d > l is allowed: SPEC §8.2's window count holds for any d (the tokens between
         // windows are then in none).
-        let d = attr_int(OP, a, "d", None)?;
-        if !(1..=1 << 20).contains(&d) {
-            return Err(Error::attr(OP, "d", format!("must be >= 1, got {d}")));
-        }
+        let d = attr_int_in(OP, a, "d", None, 1, 1 << 20)?;
         Ok(NsaCompressAttrs {
             l: l as usize,
             d: d as usize,

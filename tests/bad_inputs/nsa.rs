@@ -92,7 +92,11 @@ fn nsa_compress_attention_rules() {
         ),
         (
             set("select_block_count", json!(0)),
-            vec!["select_block_count", "0"],
+            vec!["select_block_count", "must be >= 1", "0"],
+        ),
+        (
+            set("select_block_count", json!(99_999_999_999i64)),
+            vec!["select_block_count", "at most", "99999999999"],
         ),
         (
             Box::new(|_, a| {
@@ -121,6 +125,10 @@ fn nsa_compress_attention_rules() {
         (
             ins("actual_q_len", i32s(&[2, 2])),
             vec!["actual_q_len", "4"],
+        ),
+        (
+            ins("actual_q_len", i32s(&[3])),
+            vec!["actual_q_len", "[2]", "actual_cmp_kv_len has B = 2"],
         ),
         (
             ins("actual_q_len", i32s(&[0, 3])),
@@ -207,7 +215,8 @@ fn nsa_compress_rules() {
         ),
         (set("l", json!(0)), vec!["l", "0"]),
         (set("d", json!(0)), vec!["d", "0"]),
-        (set("d", json!(1 << 21)), vec!["d", "2097152"]),
+        (set("d", json!(1 << 21)), vec!["d", "at most", "2097152"]),
+        (set("l", json!(-3)), vec!["l", "must be >= 1", "-3"]),
         (ins("weight", f(&[4, 2])), vec!["weight", "[3, 2]"]),
         (
             ins("weight", Tensor::zeros(DType::BF16, &[3, 2])),

@@ -122,17 +122,16 @@ fn run_case(backend: &Option<String>, case: &str, output: &str, cpu: bool) -> Re
     let out = ops::run_blocking(&c.op, &c.inputs, &c.attrs, exec)?;
     let bytes = serialize(&out, None)?;
     // Write beside the target, then rename: a failed write leaves no partial output file.
+    // Errors name the output asked for (not the temporary beside it) and the operator.
     let tmp = format!("{output}.partial");
-    std::fs::write(&tmp, &bytes).map_err(|source| Error::Io {
-        path: tmp.clone(),
+    let failed = |source| Error::Io {
+        path: format!("{} outputs to {output}", c.op),
         source,
-    })?;
+    };
+    std::fs::write(&tmp, &bytes).map_err(failed)?;
     std::fs::rename(&tmp, output).map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        Error::Io {
-            path: output.to_string(),
-            source,
-        }
+        failed(source)
     })?;
     eprintln!("{}: wrote {} tensors to {output}", c.op, out.len());
     Ok(())

@@ -65,11 +65,7 @@ pub struct NsaCompressAttentionAttrs {
 impl NsaCompressAttentionAttrs {
     pub fn from_map(a: &AttrMap) -> Result<Self> {
         let pos = |name: &str| -> Result<usize> {
-            let v = attr_int(OP, a, name, None)?;
-            if !(1..=1 << 24).contains(&v) {
-                return Err(Error::attr(OP, name, format!("must be >= 1, got {v}")));
-            }
-            Ok(v as usize)
+            Ok(attr_int_in(OP, a, name, None, 1, 1 << 24)? as usize)
         };
         let opt_pos = |name: &str| -> Result<Option<usize>> {
             match attr_opt_usize(OP, a, name)? {

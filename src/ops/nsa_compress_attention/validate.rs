@@ -8,8 +8,10 @@ use crate::ops::block_topk;
 use crate::ops::common::*;
 use crate::tensor::Tensor;
 
+/// A per-batch length input: B entries, B being the length of `actual_cmp_kv_len`.
 fn lengths(name: &str, t: &Tensor, b: usize) -> Result<Vec<u32>> {
-    shape_is(OP, name, t, &[b])?;
+    let why = format!("one per batch: actual_cmp_kv_len has B = {b}");
+    shape_because(OP, name, t, &[b], Some(&why))?;
     uints(OP, name, t)
 }
 
