@@ -97,6 +97,12 @@ fn m_new(q: u32) -> vec4<f32> {
     return vec4<f32>(unord(atomicLoad(&m_bits[4u * q])), unord(atomicLoad(&m_bits[4u * q + 1u])),
                      unord(atomicLoad(&m_bits[4u * q + 2u])), unord(atomicLoad(&m_bits[4u * q + 3u])));
 }
+// The weights e^{y − n} of a row's scores y (0 for a row past the list, NaN for a poisoning
+// score: common/attention.wgsl).
+fn weights(y: vec4<f32>, n: vec4<f32>, ok: bool) -> vec4<f32> {
+    return select(select(vec4<f32>(0.0), exp(y - n), ok), nan4(), poisons(y) & vec4<bool>(ok));
+}
+
 fn max_into(q: u32, m: vec4<f32>) {
     atomicMax(&m_bits[4u * q], ord(m.x));
     atomicMax(&m_bits[4u * q + 1u], ord(m.y));
@@ -323,10 +329,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             if (lid / RT == r % 2u) {
                 let ok = lid + 64u * slot < tl;
                 let w = wb + (lid % RT) * HQ;
-                sh[w] = select(vec4<f32>(0.0), exp(y0 - n0), ok);
-                if (HQ > 1u) { sh[w + 1u] = select(vec4<f32>(0.0), exp(y1 - n1), ok); }
-                if (HQ > 2u) { sh[w + 2u] = select(vec4<f32>(0.0), exp(y2 - n2), ok); }
-                if (HQ > 3u) { sh[w + 3u] = select(vec4<f32>(0.0), exp(y3 - n3), ok); }
+                sh[w] = weights(y0, n0, ok);
+                if (HQ > 1u) { sh[w + 1u] = weights(y1, n1, ok); }
+                if (HQ > 2u) { sh[w + 2u] = weights(y2, n2, ok); }
+                if (HQ > 3u) { sh[w + 3u] = weights(y3, n3, ok); }
             }
             workgroupBarrier();
             let rt = min(RT, tl - r * RT);

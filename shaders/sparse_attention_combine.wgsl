@@ -67,10 +67,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
     var top = LOW;
     var seen = 0.0;
+    var poisoned = false;  // a split met a NaN or +inf score: the head is NaN
     for (var s = 0u; s < subs; s++) {
         let ml = part[(first + s) * rs + ml_at];
         top = max(top, ml.x);
         seen += ml.y;
+        poisoned = poisoned || is_nan(ml.y);
     }
     var sink_w = 0.0;
     if (P.has_sinks != 0u && sinks[h] > LOW) {
@@ -89,7 +91,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         acc += a * part[r + c];
     }
     var o = vec4<f32>(0.0);
-    if (seen > 0.0) {
+    if (poisoned) {
+        o = nan4();
+    } else if (seen > 0.0) {
         o = acc / den;
     }
     if (cq < e4) {

@@ -49,13 +49,52 @@ fn dtype_to(d: DType) -> SDtype {
     }
 }
 
+/// The error for bytes the safetensors crate refuses, naming the tensor whose data offsets do
+/// not match its shape and type where the header says so (the crate's message names none).
+fn not_safetensors(bytes: &[u8], e: safetensors::SafeTensorError) -> Error {
+    let culprit = || -> Option<String> {
+        let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+        let header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+        let data = bytes.len() - 8 - n;
+        header.iter().find_map(|(name, v)| {
+            let dtype = v.get("dtype")?.as_str()?;
+            let bits = match dtype {
+                "F64" | "I64" | "U64" => 64,
+                "F32" | "I32" | "U32" => 32,
+                "F16" | "BF16" | "I16" | "U16" => 16,
+                "BOOL" | "U8" | "I8" => 8,
+                _ => return None,
+            };
+            let shape: Vec<u64> = v
+                .get("shape")?
+                .as_array()?
+                .iter()
+                .map(|d| d.as_u64())
+                .collect::<Option<_>>()?;
+            let offs = v.get("data_offsets")?.as_array()?;
+            let (start, end) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
+            let want = shape.iter().product::<u64>() * bits / 8;
+            (end < start || end - start != want || end > data as u64).then(|| {
+                format!(
+                    "; tensor `{name}` ({dtype} {shape:?}) needs {want} bytes, its data_offsets \
+                     [{start}, {end}] give {} of the {data} after the header",
+                    end.saturating_sub(start)
+                )
+            })
+        })
+    };
+    Error::Case(format!(
+        "not a safetensors file: {e}{}",
+        culprit().unwrap_or_default()
+    ))
+}
+
 impl Case {
     /// Parses case-file bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Case> {
-        let (_, meta) = SafeTensors::read_metadata(bytes)
-            .map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
-        let st = SafeTensors::deserialize(bytes)
-            .map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
+        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| not_safetensors(bytes, e))?;
+        let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(bytes, e))?;
         let md = meta.metadata().clone().unwrap_or_default();
         let op_text = md
             .get("op")
@@ -128,8 +167,7 @@ pub fn serialize(
 
 /// Reads an output (or any) safetensors file into named tensors.
 pub fn read_tensors(bytes: &[u8]) -> Result<TensorMap> {
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| Error::Case(format!("not a safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| not_safetensors(bytes, e))?;
     let mut m = TensorMap::new();
     for (name, view) in st.tensors() {
         let dt = dtype_from(view.dtype(), &name, None)?;
@@ -139,4 +177,34 @@ pub fn read_tensors(bytes: &[u8]) -> Result<TensorMap> {
         );
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tensor_short_of_its_data_is_named() {
+        let mut m = TensorMap::new();
+        m.insert(
+            "scores".into(),
+            Tensor::from_f32(DType::F32, &[1, 4], &[1.0, 2.0, 3.0, 4.0]),
+        );
+        let md = std::collections::HashMap::from([("op".to_string(), "block_topk".to_string())]);
+        let good = serialize(&m, Some(md)).unwrap();
+        assert!(Case::from_bytes(&good).is_ok());
+        // The header's shape [1, 4] becomes [1, 6]: 24 bytes wanted, 16 there.
+        let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+        let header = String::from_utf8(good[8..8 + n].to_vec()).unwrap();
+        let bad_header = header.replacen("[1,4]", "[1,6]", 1);
+        assert_ne!(bad_header, header, "{header}");
+        let mut bad = (bad_header.len() as u64).to_le_bytes().to_vec();
+        bad.extend_from_slice(bad_header.as_bytes());
+        bad.extend_from_slice(&good[8 + n..]);
+        let err = Case::from_bytes(&bad).unwrap_err().to_string();
+        assert!(
+            err.contains("`scores`") && err.contains("needs 24 bytes"),
+            "{err}"
+        );
+    }
 }

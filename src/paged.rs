@@ -134,8 +134,17 @@ impl PoolLayout {
                 op,
                 name,
                 format!(
-                    "pool of {} elements is too small for its layout {l:?}",
-                    t.numel()
+                    "pool of {} elements is too small for its layout: pages of {} elements \
+                     (page_size {} × num_kv_heads {} × head_dim {} × 2 planes × {} layers) \
+                     {} elements apart, {} pages",
+                    t.numel(),
+                    l.page_elems(),
+                    l.page_size,
+                    l.num_kv_heads,
+                    l.head_dim,
+                    l.num_layers,
+                    l.page_stride,
+                    l.num_pages
                 ),
             ));
         }

@@ -107,6 +107,33 @@ fn valid_calls_pass() {
 }
 
 #[test]
+fn unused_page_table_entries_may_be_negative() {
+    // A column no position reaches may hold -1 (a common filler) in an i32 table: the result
+    // is the same as with a valid page there, on the CPU and the GPU. A used negative entry is
+    // an error naming it as given.
+    let ctx = util::ctx();
+    for (op, (mut m, a), filler, used) in [
+        ("qsa_compress_paged", compress(), [1, 0, -1], [-1, 0]),
+        ("sparse_attention", attention(), [2, 0, -1], [-7, 0]),
+    ] {
+        let mut outs = Vec::new();
+        for row in [filler, [filler[0], filler[1], 0]] {
+            m.insert("page_table".into(), Tensor::from_i32(&[1, 3], &row));
+            for exec in [Exec::Cpu, Exec::Gpu(&ctx)] {
+                outs.push(run_blocking(op, &m, &a, exec).unwrap());
+            }
+        }
+        assert!(
+            outs.iter().all(|o| o == &outs[0]),
+            "{op}: the unused filler changed a result"
+        );
+        m.insert("page_table".into(), Tensor::from_i32(&[1, 2], &used));
+        let negative = format!("page {} is negative", used[0]);
+        expect_err(op, &m, &a, &["page_table", "column 0", &negative]);
+    }
+}
+
+#[test]
 fn qsa_prepare_rules() {
     let op = "qsa_prepare";
     let cases: Vec<(Edit, Vec<&str>)> = vec![
@@ -554,6 +581,12 @@ fn sparse_attention_rules() {
                 a.insert("scale".into(), json!("x"));
             }),
             vec!["scale"],
+        ),
+        (
+            Box::new(|_, a| {
+                a.insert("scale".into(), json!(1e39));
+            }),
+            vec!["scale", "finite in f32"],
         ),
         (
             Box::new(|m, _| {

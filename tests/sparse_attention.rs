@@ -1204,3 +1204,126 @@ fn subgroup_and_generic_routes_agree() {
     assert_eq!(variant, [true, true, true, true, true, true, false]);
     assert!(ctx.cache.built(ROUTE_SG) && !generic.cache.built(ROUTE_SG));
 }
+
+#[test]
+fn non_finite_scores_by_hand() {
+    // One head, E = 2, scale 1, the list [0, 1] (both tokens of position 1), V0 = (1, 2) and
+    // V1 = (3, 4). docs/operators.md: a NaN or +inf score makes the head NaN; a score of -inf
+    // weighs 0; with no finite score and no sink the head is 0 (as an empty list), with a sink
+    // 0 too (nothing is weighed against it). Through the subgroup pass (where the adapter has
+    // one subgroup size) and the tiled pass.
+    let (nan, big) = (f32::NAN, 1.0e30);
+    #[allow(clippy::type_complexity)]
+    let cases: [(&str, [f32; 2], [f32; 4], Option<[f32; 2]>); 4] = [
+        ("a NaN key", [1.0, 0.0], [nan, 0.0, 0.0, 5.0], None),
+        ("a score of +inf", [big, 0.0], [1.0e10, 0.0, 0.0, 5.0], None),
+        (
+            "every score -inf",
+            [big, 0.0],
+            [-1.0e10, 0.0, -1.0e10, 0.0],
+            Some([0.0, 0.0]),
+        ),
+        (
+            "one score -inf",
+            [big, 0.0],
+            [-1.0e10, 0.0, 0.0, 5.0],
+            Some([3.0, 4.0]),
+        ),
+    ];
+    let table = Tensor::from_u32(&[1, 1], &[0]);
+    let offs = Tensor::from_u32(&[2], &[0, 1]);
+    let cache = Tensor::from_u32(&[1], &[1]);
+    let tok = Tensor::from_i32(&[1, 1, 3], &[0, 1, -1]);
+    let cnt = Tensor::from_i32(&[1, 1], &[2]);
+    let sink = Tensor::from_f32(DType::F32, &[1], &[0.5]);
+    let a = SparseAttentionAttrs {
+        scale: Some(1.0),
+        layer_idx: 0,
+        page_stride: None,
+        v_head_dim: None,
+    };
+    let ctxs = [util::ctx(), util::portable_ctx()];
+    for (what, q, k, want) in cases {
+        let q = Tensor::from_f32(DType::F32, &[1, 1, 2], &q);
+        let pool = Tensor::from_f32(
+            DType::F32,
+            &[1, 2, 1, 2, 1, 2],
+            &[k[0], k[1], k[2], k[3], 1.0, 2.0, 3.0, 4.0],
+        );
+        for sinks in [None, Some(&sink)] {
+            let x = SparseAttentionInputs {
+                query: &q,
+                kv_blocks: &pool,
+                page_table: &table,
+                row_offsets: &offs,
+                cache_lengths: &cache,
+                token_indices: &tok,
+                token_count: &cnt,
+                sinks,
+            };
+            let c = cpu(&x, &a).unwrap().to_f32();
+            match want {
+                None => assert!(c.iter().all(|v| v.is_nan()), "{what}: cpu {c:?}"),
+                Some(w) if sinks.is_none() => assert_eq!(c, w, "{what}: cpu"),
+                Some(_) => assert!(c.iter().all(|v| v.is_finite()), "{what}: cpu {c:?}"),
+            }
+            for ctx in &ctxs {
+                let g = pollster::block_on(gpu(ctx, &x, &a)).unwrap();
+                let cpu_t = cpu(&x, &a).unwrap();
+                compare(&g, &cpu_t, attention_tol(DType::F32)).unwrap_or_else(|e| {
+                    panic!(
+                        "{what}, sink {}, subgroups {:?}: {e}",
+                        sinks.is_some(),
+                        ctx.caps.subgroup_size
+                    )
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn a_poisoning_token_in_one_split() {
+    // A full decode list over several splits and pool shards, one token's key NaN in KV head
+    // 0: the heads of KV head 0 are NaN, those of KV head 1 as without it; on the device the
+    // NaN travels through that split's record to the combine.
+    let mut rng = Rng::new(0x4e);
+    let s = shape(12, 2, 1, 64, 600);
+    let d = data(&mut rng, &s, &[(2100, 1)], false);
+    let order = rng.permutation(pages(&s, &d));
+    let mut p = problem(&mut rng, DType::F32, &s, &d, order);
+    let tok = d.tokens[300] as usize;
+    let layout = PoolLayout::packed(p.pool.shape[0], s.layers, s.page, s.hkv, s.dp());
+    let page = p.table.to_i64()[tok / s.page] as usize;
+    let at = layout.offset(page, 0, s.layer, tok % s.page, 0) + 5;
+    let mut v = p.pool.to_f32();
+    v[at] = f32::NAN;
+    p.pool = Tensor::from_f32(DType::F32, &p.pool.shape, &v);
+    let want = cpu(&p.inputs(), &p.attrs).unwrap();
+    let w = want.to_f32();
+    let head = |h: usize| &w[h * s.ev..][..s.ev];
+    assert!((0..6).all(|h| head(h).iter().all(|x| x.is_nan())));
+    assert!((6..12).all(|h| head(h).iter().all(|x| x.is_finite())));
+    let runs = [
+        Run::default(),
+        Run {
+            split_len: Some(64),
+            ..Default::default()
+        },
+        Run {
+            split_len: Some(128),
+            shard_pages: Some(40),
+            ..Default::default()
+        },
+        Run {
+            split_len: Some(64),
+            ctx: Some(util::portable_ctx()),
+            ..Default::default()
+        },
+    ];
+    for (i, run) in runs.iter().enumerate() {
+        let (got, flags) = run_device(&p, run);
+        assert_eq!(flags, 0);
+        compare(&got, &want, attention_tol(DType::F32)).unwrap_or_else(|e| panic!("run {i}: {e}"));
+    }
+}

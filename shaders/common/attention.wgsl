@@ -61,6 +61,27 @@ fn pool_dim() -> u32 { return select(P.dp, P.e, P.dp == 0u); }
 
 const LOW: f32 = -3.0e38;     // "no score yet": below every real score, and finite
 
+// Non-finite scores (docs/operators.md, sparse_attention; the CPU reference does the same): a
+// score that is NaN or +inf makes its head's output NaN, as e^{z − m} is NaN for it; one at or
+// below LOW (−inf included) weighs 0. Decided on the bits, as WGSL promises nothing of
+// comparisons with NaN: the weight of a poisoning score is NaN, which the sums carry into the
+// record's l, and the combine turns a NaN l into a NaN output.
+fn poisons(s: vec4<f32>) -> vec4<bool> {
+    let b = bitcast<vec4<u32>>(s);
+    return (b & vec4<u32>(0x7fffffffu)) >= vec4<u32>(0x7f800000u) & b != vec4<u32>(0xff800000u);
+}
+
+// A quiet NaN, from bits held in a variable (a constant expression must not evaluate to one).
+fn nan4() -> vec4<f32> {
+    var b = 0x7fc00000u;
+    return vec4<f32>(bitcast<f32>(b));
+}
+
+// Whether x is a NaN (by its bits).
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 // The work of workgroup `id` of a partial pass (tiled or subgroup; one workgroup per row, KV
 // head, part and split, a part being a segment's head chunk times a channel block): its row rr
 // (query row t = row_base + rr), KV head kh, selection group g, channel block cb, split, and

@@ -123,7 +123,7 @@ fn qk(z: mat4x4<f32>, k: vec4<f32>, q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4
 fn weigh(s: vec4<f32>, m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
     let mn = max(m, sg_max4(s));
     let al = exp(m - mn);
-    let p = select(vec4<f32>(0.0), exp(s - mn), s > vec4<f32>(LOW));
+    let p = select(select(vec4<f32>(0.0), exp(s - mn), s > vec4<f32>(LOW)), nan4(), poisons(s));
     return mat4x4<f32>(mn, l * al + sg_sum4(p), al, p);
 }
 

@@ -117,6 +117,42 @@ pub fn uints(op: &'static str, name: &str, t: &Tensor) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// A page table as the device reads it. Entries that no position reaches may hold anything, −1
+/// (a common filler) included, so a negative entry becomes `u32::MAX`, which is never a page;
+/// [`check_page`] rejects it, like any other entry past the pool, where a position reaches it.
+pub fn page_entries(op: &'static str, t: &Tensor) -> Result<Vec<u32>> {
+    Ok(ints(op, "page_table", t)?
+        .into_iter()
+        .map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+        .collect())
+}
+
+/// Entry `idx` of `table` (read by [`page_entries`] from `t`), which column `col` of sequence
+/// `seq` reaches: its page, or an error naming the entry as given.
+pub fn check_page(
+    op: &'static str,
+    t: &Tensor,
+    table: &[u32],
+    (idx, seq, col): (usize, usize, usize),
+    num_pages: usize,
+) -> Result<usize> {
+    let page = table[idx] as usize;
+    if page < num_pages {
+        return Ok(page);
+    }
+    let given = t.to_i64()[idx];
+    let why = if given < 0 {
+        format!("page {given} is negative")
+    } else {
+        format!("page {given} >= num_pages {num_pages}")
+    };
+    Err(Error::input(
+        op,
+        "page_table",
+        format!("sequence {seq}, column {col}: {why}"),
+    ))
+}
+
 fn attr_num(op: &'static str, a: &AttrMap, name: &str) -> Result<Option<f64>> {
     match a.get(name) {
         None | Some(serde_json::Value::Null) => Ok(None),
@@ -169,8 +205,12 @@ pub fn attr_int_in(
 /// A finite float attribute, `default` when absent.
 pub fn attr_f32(op: &'static str, a: &AttrMap, name: &str, default: f32) -> Result<f32> {
     match attr_num(op, a, name)? {
-        Some(v) if v.is_finite() => Ok(v as f32),
-        Some(v) => Err(Error::attr(op, name, format!("must be finite, got {v}"))),
+        Some(v) if (v as f32).is_finite() => Ok(v as f32),
+        Some(v) => Err(Error::attr(
+            op,
+            name,
+            format!("must be finite in f32, got {v}"),
+        )),
         None => Ok(default),
     }
 }

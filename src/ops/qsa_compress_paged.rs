@@ -180,7 +180,7 @@ pub fn validate(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Plan> {
             format!("has {tn} rows for {n} sequences"),
         ));
     }
-    let table = uints(OP, "page_table", x.page_table)?;
+    let table = page_entries(OP, x.page_table)?;
     if n > 0 && !rows.is_multiple_of(n) {
         return Err(Error::input(
             OP,
@@ -248,17 +248,8 @@ pub fn validate(x: &QsaCompressInputs, a: &QsaCompressAttrs) -> Result<Plan> {
                 ));
             }
             for col in (first * r) / layout.page_size..=top / layout.page_size {
-                let page = table[i * max_pages + col];
-                if page as usize >= layout.num_pages {
-                    return Err(Error::input(
-                        OP,
-                        "page_table",
-                        format!(
-                            "sequence {i}, column {col}: page {page} >= num_pages {}",
-                            layout.num_pages
-                        ),
-                    ));
-                }
+                let at = (i * max_pages + col, i, col);
+                check_page(OP, x.page_table, &table, at, layout.num_pages)?;
             }
             if dr > 0 && (last - 1) * r >= freq_rows {
                 return Err(Error::input(

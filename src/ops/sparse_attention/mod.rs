@@ -177,7 +177,7 @@ pub fn validate(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<P
             format!("has {tn} rows for {n} sequences"),
         ));
     }
-    let table = uints(OP, "page_table", x.page_table)?;
+    let table = page_entries(OP, x.page_table)?;
     let &[tt, hs, w] = rank(OP, "token_indices", x.token_indices, 3)? else {
         unreachable!()
     };
@@ -245,17 +245,8 @@ pub fn validate(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<P
                         format!("sequence {seq}: position {tok} needs page column {col}, the table has {max_pages}"),
                     ));
                 }
-                let page = plan.table[seq * max_pages + col];
-                if page as usize >= layout.num_pages {
-                    return Err(Error::input(
-                        OP,
-                        "page_table",
-                        format!(
-                            "sequence {seq}, column {col}: page {page} >= num_pages {}",
-                            layout.num_pages
-                        ),
-                    ));
-                }
+                let at = (seq * max_pages + col, seq, col);
+                check_page(OP, x.page_table, &plan.table, at, layout.num_pages)?;
             }
         }
     }
@@ -285,6 +276,10 @@ pub fn validate(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<P
     params_kv(&plan.geo, e, ev)?;
     Ok(plan)
 }
+
+/// Scores at or below this weigh 0 (the GPU passes' "no score yet", `LOW` in
+/// `shaders/common/attention.wgsl`): below every score of finite inputs short of overflow.
+pub const SCORE_FLOOR: f32 = -3.0e38;
 
 /// The CPU reference: `out [T, H, Ev]`, a two-pass softmax per (row, head) in f32.
 pub fn cpu(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<Tensor> {
@@ -317,15 +312,31 @@ pub fn cpu(x: &SparseAttentionInputs, a: &SparseAttentionAttrs) -> Result<Tensor
                     scale * qr.iter().zip(k).map(|(a, b)| a * b).sum::<f32>()
                 })
                 .collect();
-            let sink = p.sinks.as_ref().map(|s| s[head]);
+            let o = &mut out[(t * h + head) * ev..][..ev];
+            // Non-finite scores (docs/operators.md, sparse_attention): NaN or +inf makes the
+            // head NaN, as e^{z - m} is NaN for it; a score at or below SCORE_FLOOR (-inf
+            // included) weighs 0, and with no score above it and no sink the head is 0, as
+            // for an empty list. The GPU passes do the same.
+            if z.iter().any(|z| z.is_nan() || *z == f32::INFINITY) {
+                o.fill(f32::NAN);
+                continue;
+            }
+            let live = |z: f32| z > SCORE_FLOOR;
+            let sink = p.sinks.as_ref().map(|s| s[head]).filter(|&s| live(s));
             let m = z
                 .iter()
                 .copied()
+                .filter(|&z| live(z))
                 .chain(sink)
                 .fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
             let mut den = sink.map_or(0.0, |s| (s - m).exp());
-            let o = &mut out[(t * h + head) * ev..][..ev];
-            for (&tok, zj) in list.iter().zip(&z) {
+            for (&tok, &zj) in list.iter().zip(&z) {
+                if !live(zj) {
+                    continue;
+                }
                 let wgt = (zj - m).exp();
                 den += wgt;
                 let v = &pool[at(tok, 1)..][..ev];
