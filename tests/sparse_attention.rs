@@ -341,6 +341,55 @@ fn empty_rows_are_zero() {
     }
 }
 
+/// The fixed inputs of the by-hand cases: one sequence of two tokens (one page), one query row
+/// at position 1 whose list is `tokens` (two counted, W = 3), scale 1.
+struct Hand {
+    table: Tensor,
+    offs: Tensor,
+    cache: Tensor,
+    tok: Tensor,
+    cnt: Tensor,
+}
+
+impl Hand {
+    fn new(tokens: [i32; 3]) -> Hand {
+        Hand {
+            table: Tensor::from_u32(&[1, 1], &[0]),
+            offs: Tensor::from_u32(&[2], &[0, 1]),
+            cache: Tensor::from_u32(&[1], &[1]),
+            tok: Tensor::from_i32(&[1, 1, 3], &tokens),
+            cnt: Tensor::from_i32(&[1, 1], &[2]),
+        }
+    }
+
+    fn inputs<'a>(
+        &'a self,
+        query: &'a Tensor,
+        kv_blocks: &'a Tensor,
+        sinks: Option<&'a Tensor>,
+    ) -> SparseAttentionInputs<'a> {
+        SparseAttentionInputs {
+            query,
+            kv_blocks,
+            page_table: &self.table,
+            row_offsets: &self.offs,
+            cache_lengths: &self.cache,
+            token_indices: &self.tok,
+            token_count: &self.cnt,
+            sinks,
+        }
+    }
+
+    fn attrs() -> SparseAttentionAttrs {
+        SparseAttentionAttrs {
+            scale: Some(1.0),
+            layer_idx: 0,
+            page_stride: None,
+            v_head_dim: None,
+        }
+    }
+}
+
 #[test]
 fn by_hand() {
     // One head, E = 2, scale 1, tokens [1, 0] of position 1: q·K = [0, 1] for tokens 1, 0.
@@ -353,30 +402,12 @@ fn by_hand() {
         &[1, 2, 1, 2, 1, 2],
         &[1.0, 0.0, 0.0, 5.0, 1.0, 2.0, 3.0, 4.0],
     );
-    let table = Tensor::from_u32(&[1, 1], &[0]);
-    let offs = Tensor::from_u32(&[2], &[0, 1]);
-    let cache = Tensor::from_u32(&[1], &[1]);
-    let tok = Tensor::from_i32(&[1, 1, 3], &[1, 0, -1]);
-    let cnt = Tensor::from_i32(&[1, 1], &[2]);
+    let hand = Hand::new([1, 0, -1]);
     let sink = Tensor::from_f32(DType::F32, &[1], &[0.0]);
-    let a = SparseAttentionAttrs {
-        scale: Some(1.0),
-        layer_idx: 0,
-        page_stride: None,
-        v_head_dim: None,
-    };
+    let a = Hand::attrs();
     let e = std::f32::consts::E;
     for (sinks, extra) in [(None, 0.0), (Some(&sink), 1.0)] {
-        let x = SparseAttentionInputs {
-            query: &q,
-            kv_blocks: &pool,
-            page_table: &table,
-            row_offsets: &offs,
-            cache_lengths: &cache,
-            token_indices: &tok,
-            token_count: &cnt,
-            sinks,
-        };
+        let x = hand.inputs(&q, &pool, sinks);
         let den = e + 1.0 + extra;
         let want = [(e + 3.0) / den, (2.0 * e + 4.0) / den];
         let c = cpu(&x, &a).unwrap().to_f32();
@@ -1230,18 +1261,9 @@ fn non_finite_scores_by_hand() {
             Some([3.0, 4.0]),
         ),
     ];
-    let table = Tensor::from_u32(&[1, 1], &[0]);
-    let offs = Tensor::from_u32(&[2], &[0, 1]);
-    let cache = Tensor::from_u32(&[1], &[1]);
-    let tok = Tensor::from_i32(&[1, 1, 3], &[0, 1, -1]);
-    let cnt = Tensor::from_i32(&[1, 1], &[2]);
+    let hand = Hand::new([0, 1, -1]);
     let sink = Tensor::from_f32(DType::F32, &[1], &[0.5]);
-    let a = SparseAttentionAttrs {
-        scale: Some(1.0),
-        layer_idx: 0,
-        page_stride: None,
-        v_head_dim: None,
-    };
+    let a = Hand::attrs();
     let ctxs = [util::ctx(), util::portable_ctx()];
     for (what, q, k, want) in cases {
         let q = Tensor::from_f32(DType::F32, &[1, 1, 2], &q);
@@ -1251,16 +1273,7 @@ fn non_finite_scores_by_hand() {
             &[k[0], k[1], k[2], k[3], 1.0, 2.0, 3.0, 4.0],
         );
         for sinks in [None, Some(&sink)] {
-            let x = SparseAttentionInputs {
-                query: &q,
-                kv_blocks: &pool,
-                page_table: &table,
-                row_offsets: &offs,
-                cache_lengths: &cache,
-                token_indices: &tok,
-                token_count: &cnt,
-                sinks,
-            };
+            let x = hand.inputs(&q, &pool, sinks);
             let c = cpu(&x, &a).unwrap().to_f32();
             match want {
                 None => assert!(c.iter().all(|v| v.is_nan()), "{what}: cpu {c:?}"),
