@@ -173,3 +173,166 @@ fn function_variables_have_initializers() {
         bad.join("\n")
     );
 }
+
+/// WGSL's grammar takes only unary expressions as the operands of `&`, `|`, `^`, `<<` and
+/// `>>`, and never mixes `&&` with `||`, so `a >= b & c`, `a + b << c` or `x && y || z` need
+/// parentheses. naga accepts them; browsers (Tint: "mixing '>=' and '&' requires
+/// parenthesis") reject the shader. This scan finds such mixes at each parenthesis level of
+/// every shader file: a level may hold a bitwise operator only with more of the same one, a
+/// shift only with comparisons or logic around it, and one kind of short-circuit operator.
+#[test]
+fn operators_that_need_parentheses_have_them() {
+    let mut bad = Vec::new();
+    for (path, src) in shaders::FILES {
+        let code: String = src
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (line, ops) in mixed_levels(&code) {
+            bad.push(format!("{path}:{line}: {}", ops.join(" ")));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "operators mixed without parentheses:\n{}",
+        bad.join("\n")
+    );
+    // The scan itself: what it must find, and what it must leave.
+    for (src, found) in [
+        ("let x = a >= b & c;", true),
+        ("let x = (a >= b) & (c != d);", false),
+        ("let x = a + b << 2u;", true),
+        ("let x = (a + b) << 2u;", false),
+        ("let x = a << 2u == b;", false),
+        ("let x = a & b | c;", true),
+        ("let x = a & b & c;", false),
+        ("let x = a && b || c;", true),
+        ("let x = select(vec4<f32>(0.0), v, a < b) & m;", false),
+        (
+            "let p: ptr<function, array<vec4<u32>, 2>> = &arr; let y = -a * b;",
+            false,
+        ),
+        ("if (x & 1u) == 0u && y > 2u { }", false),
+        ("let z = f(a, b & c + d);", true),
+    ] {
+        assert_eq!(!mixed_levels(src).is_empty(), found, "{src}");
+    }
+}
+
+/// The (line, operators) of each parenthesis level of WGSL `code` (comments removed) whose
+/// binary operators WGSL does not let stand together.
+fn mixed_levels(code: &str) -> Vec<(usize, Vec<String>)> {
+    const TEMPLATED: [&str; 8] = [
+        "vec2", "vec3", "vec4", "array", "ptr", "atomic", "bitcast", "var",
+    ];
+    let templated =
+        |w: &str| TEMPLATED.contains(&w) || w.starts_with("mat") || w.starts_with("texture_");
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    // Per level: the binary operators met since the level's last separator.
+    let mut levels: Vec<Vec<String>> = vec![Vec::new()];
+    let mut line = 1;
+    let mut prev_operand = false; // whether the last token ends an operand
+    let check = |ops: &mut Vec<String>, line: usize, out: &mut Vec<(usize, Vec<String>)>| {
+        let has = |o: &str| ops.iter().any(|x| x == o);
+        let bitwise: Vec<&str> = ["&", "|", "^"].into_iter().filter(|o| has(o)).collect();
+        let shifts = ops.iter().filter(|o| *o == "<<" || *o == ">>").count();
+        let arith = ["+", "-", "*", "/", "%"].iter().any(|o| has(o));
+        let bad = (!bitwise.is_empty() && ops.iter().any(|o| o != bitwise[0]))
+            || shifts > 1
+            || (shifts == 1 && (arith || !bitwise.is_empty()))
+            || (has("&&") && has("||"));
+        if bad {
+            out.push((line, ops.clone()));
+        }
+        ops.clear();
+    };
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i] as char;
+        if c == '\n' {
+            line += 1;
+            i += 1;
+            continue;
+        }
+        if c.is_whitespace() {
+            i += 1;
+            continue;
+        }
+        if c.is_ascii_alphanumeric() || c == '_' {
+            let s = i;
+            while i < b.len()
+                && ((b[i] as char).is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'.')
+            {
+                i += 1;
+            }
+            let word = &code[s..i];
+            // A template list right after a type or builtin name: skip it whole.
+            if i < b.len() && b[i] == b'<' && templated(word) {
+                let mut depth = 0;
+                while i < b.len() {
+                    match b[i] {
+                        b'<' => depth += 1,
+                        b'>' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                i += 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    i += 1;
+                }
+            }
+            prev_operand = !matches!(
+                word,
+                "return" | "let" | "if" | "else" | "for" | "while" | "switch" | "case" | "loop"
+            );
+            continue;
+        }
+        let rest = &code[i..];
+        let op = [
+            "<<=", ">>=", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||", "->", "+=", "-=", "*=",
+            "/=", "%=", "&=", "|=", "^=", "++", "--",
+        ]
+        .into_iter()
+        .find(|o| rest.starts_with(o))
+        .unwrap_or(&rest[..1]);
+        i += op.len();
+        match op {
+            "(" | "[" => {
+                levels.push(Vec::new());
+                prev_operand = false;
+            }
+            ")" | "]" => {
+                let mut l = levels.pop().unwrap_or_default();
+                check(&mut l, line, &mut out);
+                if levels.is_empty() {
+                    levels.push(Vec::new());
+                }
+                prev_operand = true;
+            }
+            "," | ";" | "{" | "}" | "=" | ":" | "->" | "@" | "+=" | "-=" | "*=" | "/=" | "%="
+            | "&=" | "|=" | "^=" | "<<=" | ">>=" | "++" | "--" => {
+                let l = levels.last_mut().unwrap();
+                check(l, line, &mut out);
+                prev_operand = matches!(op, "++" | "--");
+            }
+            "&" | "|" | "^" | "<<" | ">>" | "<" | ">" | "<=" | ">=" | "==" | "!=" | "&&" | "||"
+            | "+" | "-" | "*" | "/" | "%" => {
+                // After an operand it is binary; otherwise unary (-x, &x, *p).
+                if prev_operand {
+                    levels.last_mut().unwrap().push(op.to_string());
+                }
+                prev_operand = false;
+            }
+            _ => prev_operand = false,
+        }
+    }
+    for mut l in levels {
+        check(&mut l, line, &mut out);
+    }
+    out
+}

@@ -68,7 +68,7 @@ const LOW: f32 = -3.0e38;     // "no score yet": below every real score, and fin
 // record's l, and the combine turns a NaN l into a NaN output.
 fn poisons(s: vec4<f32>) -> vec4<bool> {
     let b = bitcast<vec4<u32>>(s);
-    return (b & vec4<u32>(0x7fffffffu)) >= vec4<u32>(0x7f800000u) & b != vec4<u32>(0xff800000u);
+    return ((b & vec4<u32>(0x7fffffffu)) >= vec4<u32>(0x7f800000u)) & (b != vec4<u32>(0xff800000u));
 }
 
 // A quiet NaN, from bits held in a variable (a constant expression must not evaluate to one).
