@@ -2,9 +2,10 @@
 //! selection group gathered (`expand_route`'s output), read from the main paged KV pool, with
 //! an optional per-head sink; values may have another width than keys (`v_head_dim` Ev, for
 //! NSA's Dqk = 192, Dv = 128). This module holds the attributes, inputs, host validation and
-//! CPU reference; [`dispatch`] how a call is cut into workgroups and the shaders' parameters;
-//! [`encode`] the buffers, the plan of dispatches and [`encode_attention`], which records a call
-//! over device buffers for orchestrators. Shaders: `shaders/sparse_attention_route.wgsl` (token
+//! CPU reference; its `dispatch` part how a call is cut into workgroups and the shaders'
+//! parameters ([`params_kv`]); its `encode` part the buffers, the plan of dispatches
+//! ([`plan_attention`]) and [`encode_attention`], which records a call over device buffers for
+//! orchestrators. Shaders: `shaders/sparse_attention_route.wgsl` (token
 //! lists routed to pool shards), `shaders/sparse_attention.wgsl` (partial results per
 //! token-list split) and `shaders/sparse_attention_combine.wgsl` (their merge).
 
