@@ -97,10 +97,10 @@ fn m_new(q: u32) -> vec4<f32> {
     return vec4<f32>(unord(atomicLoad(&m_bits[4u * q])), unord(atomicLoad(&m_bits[4u * q + 1u])),
                      unord(atomicLoad(&m_bits[4u * q + 2u])), unord(atomicLoad(&m_bits[4u * q + 3u])));
 }
-// The weights e^{y − n} of a row's scores y (0 for a row past the list, NaN for a poisoning
-// score: common/attention.wgsl).
+// The weights e^{y − n} of a row's scores y (0 for a row past the list, whose scores are LOW;
+// NaN for a poisoning score: common/attention.wgsl).
 fn weights(y: vec4<f32>, n: vec4<f32>, ok: bool) -> vec4<f32> {
-    return select(select(vec4<f32>(0.0), exp(y - n), ok), nan4(), poisons(y) & vec4<bool>(ok));
+    return select(select(vec4<f32>(0.0), exp(y - n), ok), nan4(), poisons(y));
 }
 
 fn max_into(q: u32, m: vec4<f32>) {

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::ops::{AttrMap, TensorMap};
 use crate::tensor::{DType, Tensor};
+use safetensors::tensor::TensorInfo;
 use safetensors::{Dtype as SDtype, SafeTensors};
 use std::collections::HashMap;
 
@@ -58,27 +59,16 @@ fn not_safetensors(bytes: &[u8], e: safetensors::SafeTensorError) -> Error {
             serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
         let data = bytes.len() - 8 - n;
         header.iter().find_map(|(name, v)| {
-            let dtype = v.get("dtype")?.as_str()?;
-            let bits = match dtype {
-                "F64" | "I64" | "U64" => 64,
-                "F32" | "I32" | "U32" => 32,
-                "F16" | "BF16" | "I16" | "U16" => 16,
-                "BOOL" | "U8" | "I8" => 8,
-                _ => return None,
-            };
-            let shape: Vec<u64> = v
-                .get("shape")?
-                .as_array()?
-                .iter()
-                .map(|d| d.as_u64())
-                .collect::<Option<_>>()?;
-            let offs = v.get("data_offsets")?.as_array()?;
-            let (start, end) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
-            let want = shape.iter().product::<u64>() * bits / 8;
-            (end < start || end - start != want || end > data as u64).then(|| {
+            // The crate's own header entry (`__metadata__` and malformed entries do not parse).
+            let t: TensorInfo = serde_json::from_value(v.clone()).ok()?;
+            let want = t.shape.iter().product::<usize>() * t.dtype.bitsize() / 8;
+            let (start, end) = t.data_offsets;
+            (end < start || end - start != want || end > data).then(|| {
                 format!(
-                    "; tensor `{name}` ({dtype} {shape:?}) needs {want} bytes, its data_offsets \
+                    "; tensor `{name}` ({:?} {:?}) needs {want} bytes, its data_offsets \
                      [{start}, {end}] give {} of the {data} after the header",
+                    t.dtype,
+                    t.shape,
                     end.saturating_sub(start)
                 )
             })

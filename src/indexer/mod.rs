@@ -1,9 +1,9 @@
 //! `QsaIndexer`: one layer of the QSA indexer as one submission per step. A step over a ragged
 //! batch (prefill chunks and decode rows mixed) records compress (paged, incremental) →
 //! prepare query → score → top-k into one command encoder ([`step`](QsaIndexer::step), in
-//! `step.rs`); the top-k's last step also writes the token route of `expand_route`. The raw index keys live in a device pool; a host mirror of it and of the
-//! block keys lets [`QsaIndexer::step_cpu`] (in `cpu.rs`) run the same step through the CPU
-//! references.
+//! `step.rs`); the top-k's last step also writes the token route of `expand_route`. The raw
+//! index keys live in a device pool; a host mirror of it and of the block keys lets
+//! [`QsaIndexer::step_cpu`] (in `cpu.rs`) run the same step through the CPU references.
 //!
 //! Sequences live in slots. A step takes one count of new tokens per slot
 //! (`0 .. slot_count()`), in slot order; a freed slot, or a sequence with nothing new, gives 0.

@@ -444,10 +444,9 @@ impl QsaIndexer {
         self.binds.set_timing(&self.ctx, on, 256)
     }
 
-    /// GPU milliseconds per stage (`compress`, `query`, `score`, `topk` (which also writes the
-    /// token route), and
-    /// `attention_route` / `attention` / `attention_combine` after a step with attention; chunks and shards summed)
-    /// of the last step, when timing is on.
+    /// GPU milliseconds per stage of the last step, when timing is on: `compress`, `query`,
+    /// `score`, `topk` (which also writes the token route), and `attention_route` /
+    /// `attention` / `attention_combine` after a step with attention; chunks and shards summed.
     pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {
         self.binds.stage_times(&self.ctx).await
     }

@@ -2,9 +2,10 @@
 //! k = 512, page 128) over several sequences: a chunked prefill, then decode steps. Every step
 //! appends the new raw index keys and the main attention's K/V (H = 24, Hkv = 2, E = 256) to
 //! the paged pools and runs one `QsaIndexer` step on the GPU (compress → query → score → top-k
-//! with the token route → sparse attention in one submission), reads the results back and checks the
-//! selection against the same step composed from the CPU references, and the attention output
-//! against the CPU attention over the GPU's selection (every decode row; sampled prefill rows).
+//! with the token route → sparse attention in one submission), reads the results back and
+//! checks the selection against the same step composed from the CPU references, and the
+//! attention output against the CPU attention over the GPU's selection (every decode row;
+//! sampled prefill rows).
 
 use qsa_wgpu::gpu::{Context, ContextOptions};
 use qsa_wgpu::indexer::{AttentionConfig, IndexerConfig, QsaIndexer};
