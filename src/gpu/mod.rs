@@ -52,14 +52,18 @@ pub struct Capabilities {
     /// after 65535 iterations: operators refuse sizes that could reach that.
     pub llvmpipe: bool,
     /// Whether the indexer keeps texture copies of its index queries and block keys and scores
-    /// from them (unless [`ContextOptions::disable_textures`]; texel fetches are the faster
-    /// loads on llvmpipe, docs/perf.md).
+    /// from them: on every adapter but a discrete GPU, unless
+    /// [`ContextOptions::disable_textures`]. Texel fetches are the faster loads on llvmpipe;
+    /// on the H200 the storage reads were faster (bf16 decode score 0.031 → 0.025 ms, prefill
+    /// f32 1.96 → 1.80 ms without textures; docs/perf.md).
     pub textures: bool,
     /// Whether subgroup variants may load 32 bytes per invocation as a `vec4<u64>`: natively,
-    /// where the adapter has 64-bit integers in shaders (wgpu's `SHADER_INT64`), unless
-    /// [`ContextOptions::disable_wide_loads`]. On llvmpipe a load is a loop over the SIMD
-    /// lanes per component, so four 64-bit components move twice the bytes of four 32-bit
-    /// ones for about the same cost (docs/perf.md).
+    /// where the adapter has 64-bit integers in shaders (wgpu's `SHADER_INT64`), except on a
+    /// discrete GPU and unless [`ContextOptions::disable_wide_loads`]. On llvmpipe a load is
+    /// a loop over the SIMD lanes per component, so four 64-bit components move twice the
+    /// bytes of four 32-bit ones for about the same cost; on the H200's 32 lanes the wider
+    /// words left lanes idle (bf16 attention partial pass 0.070 against 0.044 ms;
+    /// docs/perf.md).
     pub wide_loads: bool,
 }
 
@@ -160,17 +164,20 @@ impl Context {
             && !opts.disable_subgroups
             && ShaderTarget::of(info.backend) != ShaderTarget::Browser;
         let fixed = info.subgroup_min_size == info.subgroup_max_size;
+        let llvmpipe = format!("{} {}", info.name, info.driver)
+            .to_lowercase()
+            .contains("llvmpipe");
+        let gpu = load_tuned_for_gpu(info.device_type, llvmpipe);
         let caps = Capabilities {
             shader_f16: available.contains(wgpu::Features::SHADER_F16),
             subgroups,
             timestamps: available.contains(wgpu::Features::TIMESTAMP_QUERY),
             subgroup_size: (subgroups && fixed).then_some(info.subgroup_min_size),
-            llvmpipe: format!("{} {}", info.name, info.driver)
-                .to_lowercase()
-                .contains("llvmpipe"),
-            textures: !opts.disable_textures,
+            llvmpipe,
+            textures: !opts.disable_textures && !gpu,
             wide_loads: available.contains(wgpu::Features::SHADER_INT64)
                 && !opts.disable_wide_loads
+                && !gpu
                 && ShaderTarget::of(info.backend) != ShaderTarget::Browser,
         };
         let mut required = wgpu::Features::empty();
@@ -382,9 +389,30 @@ impl Context {
     }
 }
 
+/// Whether the adapter takes the loads measured fastest on a discrete GPU (storage reads in
+/// 16-byte words) rather than those measured fastest on llvmpipe (texel fetches and 32-byte
+/// words, where a load is a loop over the SIMD lanes): on the H200, storage reads beat texel
+/// fetches and 32-byte words left lanes idle (docs/perf.md, "On a real GPU"). Other adapters
+/// (integrated GPUs, CPU adapters, the browser's) keep llvmpipe's choice, the one measured
+/// on a software adapter.
+fn load_tuned_for_gpu(device_type: wgpu::DeviceType, llvmpipe: bool) -> bool {
+    device_type == wgpu::DeviceType::DiscreteGpu && !llvmpipe
+}
+
 #[cfg(test)]
 mod tests {
-    use super::gl_has_compute;
+    use super::{gl_has_compute, load_tuned_for_gpu};
+
+    #[test]
+    fn discrete_gpus_take_storage_reads() {
+        use wgpu::DeviceType::*;
+        assert!(load_tuned_for_gpu(DiscreteGpu, false));
+        for t in [Cpu, IntegratedGpu, VirtualGpu, Other] {
+            assert!(!load_tuned_for_gpu(t, false), "{t:?}");
+        }
+        // llvmpipe keeps its loads whatever type a backend reports for it.
+        assert!(!load_tuned_for_gpu(DiscreteGpu, true));
+    }
 
     #[test]
     fn gl_versions_with_and_without_compute() {

@@ -74,11 +74,15 @@ fn info(backend: &Option<String>) -> Result<()> {
             ""
         },
         ctx.caps.timestamps,
-        if ctx.caps.wide_loads {
-            "true (32-byte loads on)"
-        } else {
-            "false"
-        }
+        ctx.adapter
+            .features()
+            .contains(wgpu::Features::SHADER_INT64),
+    );
+    let on = |b: bool| if b { "on" } else { "off" };
+    println!(
+        "loads        textures {}  32-byte words {}",
+        on(ctx.caps.textures),
+        on(ctx.caps.wide_loads)
     );
     if ctx.caps.llvmpipe {
         println!(
