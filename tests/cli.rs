@@ -298,3 +298,64 @@ fn bench_runs_the_peer_before_each_preset() {
         assert!((ratio - wall / 1000.0).abs() < 1e-12, "{r}");
     }
 }
+
+#[test]
+fn bench_redraws_a_recorded_run() {
+    // The H200 record in docs: every preset and type gets its bar, every stage its key, and
+    // the keys stay inside the chart (eleven stage names need two rows).
+    let dir = ScratchDir::new("redraw");
+    let svg = dir.file("h200.svg");
+    let record = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/bench-h200.json");
+    let (ok, err) = qsa(&["bench", "--redraw", record, "--svg", svg.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(record).unwrap()).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 10);
+    for r in results {
+        let label = format!(">{} {}<", r["preset"].as_str().unwrap(), r["dtype"]);
+        let label = label.replace('"', "");
+        assert!(text.contains(&label), "no bar for {label}");
+        for st in r["stages"].as_array().unwrap() {
+            let name = st["name"].as_str().unwrap();
+            assert!(
+                text.contains(&format!(">{name}</text>")),
+                "no key for {name}"
+            );
+        }
+    }
+    let width: f64 = text
+        .split("width=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    for key in text.lines().filter(|l| l.contains("width=\"12\"")) {
+        let x: f64 = key
+            .split("x=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            x + 130.0 <= width + 1e-9,
+            "a key at x = {x} leaves a chart {width} wide"
+        );
+    }
+    // Not a record: an error naming the file, and nothing written.
+    let bad = dir.file("bad.svg");
+    let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let (ok, err) = qsa(&["bench", "--redraw", readme, "--svg", bad.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("README.md") && err.contains("not JSON"),
+        "{err}"
+    );
+    assert!(!bad.exists());
+    let (ok, err) = qsa(&["bench", "--redraw", record]);
+    assert!(!ok && err.contains("--svg"), "{err}");
+}

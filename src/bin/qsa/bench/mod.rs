@@ -70,6 +70,9 @@ pub struct BenchArgs {
     /// starts with cold host caches (on a CPU adapter, the device's caches).
     #[arg(long)]
     pub evict_caches: bool,
+    /// Run nothing: draw the chart of a run recorded with `--json` (this file) to `--svg`.
+    #[arg(long, value_name = "JSON", requires = "svg")]
+    pub redraw: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +118,9 @@ pub struct Measure {
 }
 
 pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
+    if let (Some(json), Some(svg)) = (&args.redraw, &args.svg) {
+        return report::redraw(json, svg);
+    }
     let presets: Vec<String> = if args.presets.is_empty() {
         PRESETS.iter().map(|s| s.to_string()).collect()
     } else {

@@ -1,6 +1,6 @@
 //! What `qsa bench` prints: the table, the JSON object, the SVG chart, and the peer's run.
 
-use super::Measure;
+use super::{Measure, Stage};
 use qsa_wgpu::gpu::{Context, Roofline};
 use qsa_wgpu::{Error, Result};
 use std::fmt::Write as _;
@@ -196,26 +196,119 @@ pub fn json(
 /// A horizontal bar per preset and type: its stages stacked (GPU ms; wall ms without
 /// timestamps), on a log-free linear axis per bar scaled to the slowest step.
 pub fn svg(path: &str, ctx: &Context, all: &[Measure]) -> Result<()> {
+    write(path, &svg_text(&ctx.describe(), all))
+}
+
+fn write(path: &str, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|source| Error::Io {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// `qsa bench --redraw`: the chart of a run recorded by `--json`, from its adapter and its
+/// results' stage (or wall) times.
+pub fn redraw(json: &str, path: &str) -> Result<()> {
+    let text = std::fs::read_to_string(json).map_err(|source| Error::Io {
+        path: json.to_string(),
+        source,
+    })?;
+    let bad = |what: &str| Error::attr("bench", "redraw", format!("{json}: {what}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(&format!("not JSON ({e})")))?;
+    let adapter = v["adapter"]
+        .as_str()
+        .ok_or_else(|| bad("no \"adapter\" string: not a `qsa bench --json` record"))?;
+    let results = v["results"]
+        .as_array()
+        .ok_or_else(|| bad("no \"results\" list: not a `qsa bench --json` record"))?;
+    let mut all = Vec::new();
+    for (i, r) in results.iter().enumerate() {
+        let field = |k: &str| bad(&format!("results[{i}].{k} is missing or of the wrong type"));
+        let text = |k: &str| r[k].as_str().map(str::to_string).ok_or_else(|| field(k));
+        let mut stages = Vec::new();
+        for st in r["stages"].as_array().ok_or_else(|| field("stages"))? {
+            stages.push(Stage {
+                name: st["name"]
+                    .as_str()
+                    .ok_or_else(|| field("stages.name"))?
+                    .into(),
+                gpu_ms: st["gpu_ms"]
+                    .as_f64()
+                    .ok_or_else(|| field("stages.gpu_ms"))?,
+            });
+        }
+        let note = r["note"].as_str().map(str::to_string);
+        let wall = r["wall_median_ms"].as_f64();
+        if note.is_none() && wall.is_none() {
+            return Err(field("wall_median_ms"));
+        }
+        all.push(Measure {
+            preset: text("preset")?,
+            dtype: text("dtype")?,
+            stages,
+            gpu_ms: r["gpu_ms"].as_f64(),
+            wall_median_ms: wall.unwrap_or(0.0),
+            wall_min_ms: r["wall_min_ms"].as_f64().unwrap_or(0.0),
+            bytes: 0,
+            flops: 0,
+            gbs: 0.0,
+            gflops: 0.0,
+            copy_pct: 0.0,
+            floor_ms: 0.0,
+            peer_median_ms: None,
+            ratio: None,
+            note,
+        });
+    }
+    write(path, &svg_text(adapter, &all))?;
+    eprintln!("wrote {path}");
+    Ok(())
+}
+
+fn svg_text(adapter: &str, all: &[Measure]) -> String {
+    // Tableau's 10 and two more: every stage of the five presets (11) its own colour.
     let colors = [
-        "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+        "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+        "#9c755f", "#bab0ac", "#1f3b5c", "#8cd17d",
     ];
     let ran: Vec<&Measure> = all.iter().filter(|m| m.note.is_none()).collect();
     let total = |m: &Measure| m.gpu_ms.unwrap_or(m.wall_median_ms);
+    let parts = |m: &Measure| -> Vec<(String, f64)> {
+        if m.stages.is_empty() {
+            vec![("wall".into(), m.wall_median_ms)]
+        } else {
+            m.stages
+                .iter()
+                .map(|st| (st.name.clone(), st.gpu_ms))
+                .collect()
+        }
+    };
+    // The legend: each stage name once, in order of appearance, in rows that fit the width.
+    let mut legend: Vec<String> = Vec::new();
+    for m in &ran {
+        for (name, _) in parts(m) {
+            if !legend.contains(&name) {
+                legend.push(name);
+            }
+        }
+    }
     let max = ran.iter().map(|m| total(m)).fold(1e-9, f64::max);
-    let (left, width, row) = (260.0, 560.0, 26.0);
-    let height = 70.0 + row * ran.len() as f64 + 30.0;
+    let (left, width, row, key_w) = (260.0, 560.0, 26.0, 130.0);
+    let svg_w = left + width + 120.0;
+    let per_line = (((svg_w - 10.0) / key_w) as usize).max(1);
+    let key_lines = legend.len().div_ceil(per_line).max(1);
+    let height = 70.0 + row * ran.len() as f64 + 20.0 * key_lines as f64 + 10.0;
     let mut s = String::new();
     let _ = writeln!(
         s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="12">"#,
-        left + width + 120.0
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{svg_w}" height="{height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(
         s,
         r#"<text x="10" y="20" font-size="14">qsa bench: stage times per step ({})</text>"#,
-        xml(&ctx.describe())
+        xml(adapter)
     );
-    let mut legend: Vec<String> = Vec::new();
     for (i, m) in ran.iter().enumerate() {
         let y = 40.0 + row * i as f64;
         let _ = writeln!(
@@ -226,18 +319,7 @@ pub fn svg(path: &str, ctx: &Context, all: &[Measure]) -> Result<()> {
             m.dtype
         );
         let mut x = left;
-        let parts: Vec<(String, f64)> = if m.stages.is_empty() {
-            vec![("wall".into(), m.wall_median_ms)]
-        } else {
-            m.stages
-                .iter()
-                .map(|st| (st.name.clone(), st.gpu_ms))
-                .collect()
-        };
-        for (name, ms) in parts {
-            if !legend.contains(&name) {
-                legend.push(name.clone());
-            }
+        for (name, ms) in parts(m) {
             let c = colors[legend.iter().position(|l| *l == name).unwrap() % colors.len()];
             let w = width * ms / max;
             let _ = writeln!(
@@ -255,9 +337,9 @@ pub fn svg(path: &str, ctx: &Context, all: &[Measure]) -> Result<()> {
             total(m)
         );
     }
-    let y = 50.0 + row * ran.len() as f64;
     for (i, name) in legend.iter().enumerate() {
-        let x = 10.0 + 130.0 * i as f64;
+        let x = 10.0 + key_w * (i % per_line) as f64;
+        let y = 50.0 + row * ran.len() as f64 + 20.0 * (i / per_line) as f64;
         let _ = writeln!(
             s,
             r#"<rect x="{x}" y="{y}" width="12" height="12" fill="{}"/><text x="{}" y="{}">{}</text>"#,
@@ -268,14 +350,88 @@ pub fn svg(path: &str, ctx: &Context, all: &[Measure]) -> Result<()> {
         );
     }
     s.push_str("</svg>\n");
-    std::fs::write(path, s).map_err(|source| Error::Io {
-        path: path.to_string(),
-        source,
-    })
+    s
 }
 
 fn xml(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{svg_text, Measure, Stage};
+
+    fn measure(preset: &str, stages: &[&str]) -> Measure {
+        Measure {
+            preset: preset.into(),
+            dtype: "f32".into(),
+            stages: stages
+                .iter()
+                .map(|s| Stage {
+                    name: s.to_string(),
+                    gpu_ms: 1.0,
+                })
+                .collect(),
+            gpu_ms: Some(stages.len() as f64),
+            wall_median_ms: 1.0,
+            wall_min_ms: 1.0,
+            bytes: 0,
+            flops: 0,
+            gbs: 0.0,
+            gflops: 0.0,
+            copy_pct: 0.0,
+            floor_ms: 0.0,
+            peer_median_ms: None,
+            ratio: None,
+            note: None,
+        }
+    }
+
+    #[test]
+    fn every_stage_has_its_own_colour_and_key() {
+        let names: Vec<String> = (0..12).map(|i| format!("stage{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let all = [measure("a", &refs[..7]), measure("b", &refs[7..])];
+        let text = svg_text("adapter", &all);
+        let keys: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("width=\"12\""))
+            .collect();
+        assert_eq!(keys.len(), 12);
+        let colour = |l: &str| l.split("fill=\"").nth(1).unwrap()[..7].to_string();
+        let mut colours: Vec<String> = keys.iter().map(|l| colour(l)).collect();
+        colours.sort();
+        colours.dedup();
+        assert_eq!(colours.len(), 12, "two stages share a colour");
+        // Two rows of keys, the chart tall enough for the second.
+        let ys: Vec<f64> = keys
+            .iter()
+            .map(|l| {
+                l.split("y=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        let height: f64 = text
+            .split("height=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(ys.iter().any(|&y| y > ys[0]), "one row of keys");
+        assert!(
+            ys.iter().all(|&y| y + 12.0 <= height),
+            "a key below the chart"
+        );
+    }
 }
