@@ -102,6 +102,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/block_topk_sg.wgsl"),
     ),
     (
+        "block_topk_split.wgsl",
+        include_str!("../shaders/block_topk_split.wgsl"),
+    ),
+    (
         "common/block_score.wgsl",
         include_str!("../shaders/common/block_score.wgsl"),
     ),
@@ -466,6 +470,11 @@ mod tests {
             "block_topk_sg.wgsl",
             "loop",
             "each pass clears a bit of `bits` (pop_bit); leaves at 0",
+        ),
+        (
+            "block_topk_split.wgsl",
+            "loop",
+            "binary search: hi - lo (<= 64 parts) shrinks to at least half each pass; leaves at <= 1",
         ),
         (
             "block_topk_sg.wgsl",

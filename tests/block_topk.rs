@@ -6,7 +6,8 @@ mod util;
 
 use qsa_wgpu::gpu::Context;
 use qsa_wgpu::ops::block_topk::{
-    cpu, gpu, pipeline, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs, OP, SHADER_SG,
+    cpu, gpu, pipeline, split_applies, split_scratch_bytes, BlockTopkAttrs, BlockTopkInputs,
+    BlockTopkOutputs, BlockTopkParams, OP, SHADER_SG,
 };
 use qsa_wgpu::ops::{run_blocking, AttrMap, Exec, TensorMap};
 use qsa_wgpu::testing::Rng;
@@ -31,7 +32,8 @@ fn run_both(
 }
 
 /// Every case runs on the default context (rows of W <= 2048 take the subgroup variant where
-/// the adapter has 8-lane subgroups) and on one without subgroups (the portable kernels).
+/// the adapter has 8-lane subgroups), on one without subgroups (the portable kernels) and on
+/// one whose wide rows take the split kernels (up to 64 rows; chosen on discrete GPUs).
 fn check(scores: &[f32], shape: [usize; 3], k: usize, what: &str) {
     check_on(&util::ctx(), scores, shape, k, what);
     check_on(
@@ -40,6 +42,13 @@ fn check(scores: &[f32], shape: [usize; 3], k: usize, what: &str) {
         shape,
         k,
         &format!("{what} (portable)"),
+    );
+    check_on(
+        &util::split_ctx(),
+        scores,
+        shape,
+        k,
+        &format!("{what} (split)"),
     );
 }
 
@@ -411,6 +420,33 @@ fn kernel_choice() {
     assert_eq!(pipeline(32768, 512, Some(8)), (SHADER_SG, "wide_sg"));
     assert_eq!(pipeline(32768, 512, None), (OP, "wide"));
     assert_eq!(pipeline(4096, 512, Some(8)), (OP, "main"));
+}
+
+/// Which selections the split kernels take: wide rows, at most 64 of them, on a context that
+/// splits (a discrete GPU's, or one told to).
+#[test]
+fn split_choice() {
+    let p = |rows, w, k| BlockTopkParams {
+        rows,
+        w,
+        k,
+        ..Default::default()
+    };
+    let split = util::split_ctx();
+    assert!(split.caps.split_topk);
+    assert!(split_applies(&split, &p(1, 32768, 512)));
+    assert!(split_applies(&split, &p(64, 4096, 64)));
+    assert!(!split_applies(&split, &p(65, 4096, 64)), "too many rows");
+    assert!(!split_applies(&split, &p(1, 2048, 512)), "not wide");
+    assert!(!split_applies(&split, &p(1, 32768, 1024)), "k > 512");
+    let ctx = util::ctx();
+    assert_eq!(
+        split_applies(&ctx, &p(1, 32768, 512)),
+        ctx.info.device_type == wgpu::DeviceType::DiscreteGpu
+    );
+    // Each part holds PART_W columns, a row's keys and columns and its parts' counts.
+    assert_eq!(split_scratch_bytes(2, 32768), 2 * (2 * 32768 + 32) * 4);
+    assert_eq!(split_scratch_bytes(1, 4097), (2 * 4097 + 5) * 4);
 }
 
 /// A block-causal prefill: row p has (p + 1) / 4 candidates in front, the rest -inf.

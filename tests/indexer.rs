@@ -363,3 +363,72 @@ fn texture_copies_change_nothing() {
         at[1] += step[1];
     }
 }
+
+#[test]
+fn split_topk_changes_nothing() {
+    // Rows of W = 4096 blocks and k = 64 are wide: on a context that splits them (as a
+    // discrete GPU's does) the decode steps' few rows take the split kernels, two dispatches
+    // in slots of their own, and a prefill chunk of more than 64 rows the one-workgroup
+    // kernel. Both layers must agree bit for bit, in the selections and in the scores. With
+    // ~3000 cached tokens the sampled threshold holds; with 40 it cannot (too few sampled
+    // candidates), and the merge falls back to the whole `wide` kernel.
+    let mut rng = Rng::new(92);
+    let cfg = IndexerConfig {
+        max_len: 16384,
+        max_seqs: 2,
+        max_step_tokens: 100,
+        ..config(DType::F32, 2, 64)
+    };
+    assert!(qsa_wgpu::ops::block_topk::wide(4096, 64));
+    let split_ctx = util::split_ctx();
+    let order = rng.permutation(pages(&cfg));
+    let mut plain = layer(&cfg, 9, order.clone());
+    let mut split = layer_on(split_ctx.clone(), &cfg, 9, order);
+    let cached = [3000, 40];
+    let seqs: Vec<(Vec<f32>, Tensor)> = cached
+        .iter()
+        .map(|&n| sequence(&mut rng, &cfg, n + 8 + 60))
+        .collect();
+    for ix in [&mut plain, &mut split] {
+        for (s, &n) in cached.iter().enumerate() {
+            ix.add_sequence().unwrap();
+            ix.append_keys(s, &seqs[s].0[..n * cfg.di]).unwrap();
+        }
+        pollster::block_on(ix.extend(&cached)).unwrap();
+    }
+    let run = |ix: &mut QsaIndexer, ctx: &Context, step: &[usize], q: &Tensor| {
+        let out = pollster::block_on(ix.step(step, q)).unwrap();
+        let mut got = pollster::block_on(out.read(ctx)).unwrap();
+        let scores = out.scores.as_ref().expect("one score chunk");
+        got.insert(
+            "scores".into(),
+            pollster::block_on(scores.read(ctx)).unwrap(),
+        );
+        got
+    };
+    let mut at = cached;
+    // Decode rows of both sequences (4 score rows: split), then a step of 2 × 30 rows (120
+    // score rows: one workgroup per row), then decode again.
+    let mut steps: Vec<[usize; 2]> = (0..4).map(|_| [1, 1]).collect();
+    steps.push([30, 30]);
+    steps.extend((0..4).map(|_| [1, 1]));
+    for step in steps {
+        let qs = cat(&[
+            rows(&seqs[0].1, at[0], at[0] + step[0]),
+            rows(&seqs[1].1, at[1], at[1] + step[1]),
+        ]);
+        for ix in [&mut plain, &mut split] {
+            for s in 0..2 {
+                let keys = &seqs[s].0[at[s] * cfg.di..(at[s] + step[s]) * cfg.di];
+                ix.append_keys(s, keys).unwrap();
+            }
+        }
+        let want = run(&mut plain, &util::ctx(), &step, &qs);
+        let got = run(&mut split, &split_ctx, &step, &qs);
+        for name in NAMES.iter().chain(["scores"].iter()) {
+            assert_eq!(got[*name], want[*name], "step {step:?} at {at:?}: {name}");
+        }
+        at[0] += step[0];
+        at[1] += step[1];
+    }
+}

@@ -1,7 +1,8 @@
 //! block_topk with the fused token route (the indexer's step): the route written by the
 //! top-k's last step against `expand_route`'s CPU reference applied to `block_topk`'s CPU
-//! reference, over the short-row and wide-row kernels (subgroup variants and portable), row
-//! chunks (`out_base`), ratios 1 to 7 and positions whose visible blocks end anywhere in the
+//! reference, over the short-row and wide-row kernels (subgroup variants and portable, and
+//! the split kernels that spread a few wide rows over workgroups on GPUs), row chunks
+//! (`out_base`), ratios 1 to 7 and positions whose visible blocks end anywhere in the
 //! row; device flags for a negative position and for a selected block past the position; and
 //! the parameter checks of a routed dispatch.
 
@@ -57,6 +58,7 @@ fn fused(
         chunks.push((GpuTensor::upload(ctx, "test.scores", &s)?, params));
     }
     let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let mut scratch = Vec::new();
     for (s, params) in &chunks {
         let route = TopkRoute {
             positions: &pos.buffer,
@@ -64,8 +66,20 @@ fn fused(
             token_count: &tc.buffer,
             flags: &flags.buffer,
         };
-        let d = dispatch_topk(ctx, params, &s.buffer, &bi.buffer, &bc.buffer, Some(route))?;
-        pollster::block_on(encode(ctx, &mut enc, d))?;
+        if block_topk::split_applies(ctx, params) {
+            // The split kernels' scratch is the caller's: one per chunk here.
+            let bytes = block_topk::split_scratch_bytes(params.rows, params.w);
+            let sc = GpuTensor::filled(ctx, "test.split", DType::U32, &[bytes as usize / 4], 0)?;
+            let (s, i, c) = (&s.buffer, &bi.buffer, &bc.buffer);
+            for d in block_topk::dispatch_topk_split(ctx, params, s, i, c, Some(route), &sc.buffer)?
+            {
+                pollster::block_on(encode(ctx, &mut enc, d))?;
+            }
+            scratch.push(sc);
+        } else {
+            let d = dispatch_topk(ctx, params, &s.buffer, &bi.buffer, &bc.buffer, Some(route))?;
+            pollster::block_on(encode(ctx, &mut enc, d))?;
+        }
     }
     pollster::block_on(ctx.submit("test", enc))?;
     let got = pollster::block_on(read_checked(
@@ -164,7 +178,7 @@ fn check(ctx: &Context, shape: [usize; 3], k: usize, r: usize, chunk_t: usize, s
 
 #[test]
 fn fused_route_matches_topk_then_expand() {
-    for ctx in [util::ctx(), util::portable_ctx()] {
+    for ctx in [util::ctx(), util::portable_ctx(), util::split_ctx()] {
         // Short rows (row_sg / main), with k > visible blocks in many rows, in chunks.
         for r in [1, 3, 4, 7] {
             check(&ctx, [9, 2, 300], 16, r, 4, 100 + r as u64);
@@ -292,4 +306,46 @@ fn routed_dispatch_checks_its_parameters() {
     };
     let e = run(&plain, None).expect("width without a route");
     assert!(e.contains("width"), "{e}");
+}
+
+#[test]
+fn split_dispatch_checks_its_parameters() {
+    let ctx = util::split_ctx();
+    let buf = |name: &str, n: usize| {
+        GpuTensor::filled(&ctx, &format!("test.{name}"), DType::I32, &[n], 0).unwrap()
+    };
+    let (w, k) = (4096usize, 64usize);
+    let (scores, bi, bc) = (buf("scores", 2 * w), buf("bi", 2 * k), buf("bc", 2));
+    let need = block_topk::split_scratch_bytes(2, w as u32) as usize;
+    let (good_scratch, small) = (buf("scratch", need / 4), buf("small", need / 8));
+    let p = BlockTopkParams {
+        rows: 2,
+        w: w as u32,
+        k: k as u32,
+        ..Default::default()
+    };
+    let run = |p: &BlockTopkParams, sc: &GpuTensor| {
+        block_topk::dispatch_topk_split(
+            &ctx,
+            p,
+            &scores.buffer,
+            &bi.buffer,
+            &bc.buffer,
+            None,
+            &sc.buffer,
+        )
+        .err()
+        .map(|e| e.to_string())
+    };
+    assert_eq!(run(&p, &good_scratch), None);
+    let e = run(&p, &small).expect("small scratch");
+    assert!(
+        e.contains("block_topk") && e.contains("split scratch"),
+        "{e}"
+    );
+    let e = run(&BlockTopkParams { k: 512, ..p }, &good_scratch).expect("not wide");
+    assert!(e.contains("block_topk") && e.contains("wide rows"), "{e}");
+    // The single dispatch's checks hold too.
+    let e = run(&BlockTopkParams { rows: 3, ..p }, &good_scratch).expect("3 rows");
+    assert!(e.contains("block_topk") && e.contains("scores"), "{e}");
 }

@@ -403,8 +403,12 @@ fn route_slot(g: u32, rt: vec3<u32>, s: u32, col: u32) {
 // whose rank (ra, rb) is below n = min(k, m), and with a route (rt = route_of(row)) its r
 // token positions.
 fn rank_place(id: u32, lid: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>, rt: vec3<u32>) {
+    rank_place_at(id, 8u * lid, m, ra, rb, rt);
+}
+
+// `rank_place` for the owner of positions p0 .. p0 + 7.
+fn rank_place_at(id: u32, p0: u32, m: u32, ra: vec4<u32>, rb: vec4<u32>, rt: vec3<u32>) {
     let n = min(m, P.k);  // the winners: min(k, candidates)
-    let p0 = 8u * lid;
     let g = P.out_base + id;
     let row = g * P.k;
     for (var u = 0u; u < select(0u, 8u, p0 < m); u++) {
@@ -453,10 +457,20 @@ fn rank_tail(id: u32, lid: u32, m: u32, lanes: u32, rt: vec3<u32>) {
 // Steps 4 and 5 over the m entries of `skey` / `scol`.
 fn rank_write(id: u32, lid: u32) {
     let m = rank_begin(lid);
-    // 4. Rank by counting: invocation t owns positions 8t .. 8t + 7; the rank of an entry is the
-    //    number of entries before it (a larger key, or the same key at a lower position, which
-    //    is a lower column). Keys are at most 0xff800000, so `kj + 1` cannot wrap.
-    let p0 = 8u * lid;
+    let r = owner_ranks(8u * lid, m);
+    rank_end(id, lid, m, r.a, r.b);
+}
+
+// The ranks of the eight entries at positions p0 .. p0 + 7.
+struct Ranks {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+
+// 4. Rank by counting, for the owner of positions p0 .. p0 + 7 (all 0 when p0 >= m): the rank
+//    of an entry is the number of entries before it (a larger key, or the same key at a lower
+//    position, which is a lower column). Keys are at most 0xff800000, so `kj + 1` cannot wrap.
+fn owner_ranks(p0: u32, m: u32) -> Ranks {
     var ra = vec4<u32>(0u);
     var rb = vec4<u32>(0u);
     if (p0 < m) {
@@ -485,7 +499,7 @@ fn rank_write(id: u32, lid: u32) {
             rb += gt4(v, kb);
         }
     }
-    rank_end(id, lid, m, ra, rb);
+    return Ranks(ra, rb);
 }
 
 // The rank, among the SAMPLE sampled keys of a wide row, of its first threshold (step 1):
@@ -499,13 +513,10 @@ fn sample_key(base: u32, s: u32) -> u32 {
     return key_of(score_bits(base + s * P.w / SAMPLE));
 }
 
-// Steps 1 to 3 of a wide row in the portable kernel (entry point `wide`): the sampled
-// threshold found by ranking the sample in workgroup memory, then `wide_compact`.
-fn wide_select(id: u32, lid: u32) {
-    let base = id * P.w;
-    init_state(lid);
-
-    // 1. The sampled threshold.
+// 1. The sampled threshold of the row starting at element base: the key of rank
+//    `sample_goal()` among SAMPLE keys spread over the row, ranked by counting in `skey`, is
+//    stored in `thr_s` (which must hold 0 before: none found).
+fn sample_threshold(base: u32, lid: u32) {
     if (lid < SAMPLE / 4u) {
         let s = 4u * lid;
         skey[lid] = vec4<u32>(sample_key(base, s), sample_key(base, s + 1u),
@@ -528,6 +539,14 @@ fn wide_select(id: u32, lid: u32) {
         if (hit.z) { thr_s = ka.z; }
         if (hit.w) { thr_s = ka.w; }
     }
+}
+
+// Steps 1 to 3 of a wide row in the portable kernel (entry point `wide`): the sampled
+// threshold found by ranking the sample in workgroup memory, then `wide_compact`.
+fn wide_select(id: u32, lid: u32) {
+    let base = id * P.w;
+    init_state(lid);
+    sample_threshold(base, lid);
     wide_compact(base, lid);
 }
 

@@ -37,6 +37,9 @@ pub struct ContextOptions {
     /// Leave a CPU adapter's compute workers to the scheduler instead of binding each to its
     /// own core (Linux, Mesa's llvmpipe: [`pin`]).
     pub disable_thread_pinning: bool,
+    /// Spread a few wide top-k rows over many workgroups (`block_topk`'s split kernels):
+    /// `None` does so on a discrete GPU ([`Capabilities::split_topk`]).
+    pub split_topk: Option<bool>,
 }
 
 /// Adapter features an operator may choose a variant by.
@@ -65,6 +68,11 @@ pub struct Capabilities {
     /// words left lanes idle (bf16 attention partial pass 0.070 against 0.044 ms;
     /// docs/perf.md).
     pub wide_loads: bool,
+    /// Whether `block_topk` spreads a few wide rows (decode) over many workgroups, two
+    /// dispatches (`block_topk_split.wgsl`), instead of one workgroup per row: on a discrete
+    /// GPU, unless [`ContextOptions::split_topk`] says otherwise. On a CPU adapter a
+    /// workgroup is one thread and one per row already keeps the cores busy.
+    pub split_topk: bool,
 }
 
 /// Adapter, device, queue and the pipeline cache. Cheap to share through an `Arc`.
@@ -179,6 +187,7 @@ impl Context {
                 && !opts.disable_wide_loads
                 && !gpu
                 && ShaderTarget::of(info.backend) != ShaderTarget::Browser,
+            split_topk: opts.split_topk.unwrap_or(gpu),
         };
         let mut required = wgpu::Features::empty();
         if caps.timestamps {

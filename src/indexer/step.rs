@@ -9,7 +9,10 @@ use crate::gpu::{Context, GpuTensor, WordTexture};
 use crate::ops::block_score::{
     dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
 };
-use crate::ops::block_topk::{dispatch_topk, BlockTopkParams, TopkRoute};
+use crate::ops::block_topk::{
+    dispatch_topk, dispatch_topk_split, split_applies, split_scratch_bytes, wide, BlockTopkParams,
+    TopkRoute, SPLIT_MAX_ROWS,
+};
 use crate::ops::common::read_checked;
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
@@ -21,6 +24,9 @@ use crate::ops::TensorMap;
 use crate::tensor::{DType, Tensor};
 
 use super::IndexerConfig;
+
+/// The first bind-cache slot of the split top-k's dispatches (chunk c takes `SPLIT_SLOTS + c`).
+const SPLIT_SLOTS: usize = 1 << 20;
 
 /// The step's device buffers, allocated once.
 pub(super) struct StepBuffers {
@@ -37,6 +43,9 @@ pub(super) struct StepBuffers {
     token_indices: GpuTensor, // [max_step_tokens, Hs, k·r + r − 1] i32
     token_count: GpuTensor,   // [max_step_tokens, Hs] i32
     flags: GpuTensor,         // [1] u32
+    /// The split top-k's scratch, for up to `SPLIT_MAX_ROWS` rows of a chunk, where the
+    /// context splits wide rows ([`Capabilities::split_topk`](crate::gpu::Capabilities)).
+    split: Option<GpuTensor>,
 }
 
 impl StepBuffers {
@@ -70,6 +79,14 @@ impl StepBuffers {
             token_indices: buf("token_indices", DType::I32, &[rows, c.hs, c.route_width()])?,
             token_count: buf("token_count", DType::I32, &[rows, c.hs])?,
             flags: buf("flags", DType::U32, &[1])?,
+            split: match ctx.caps.split_topk && wide(mb as u32, c.k as u32) {
+                true => {
+                    let rows = (chunk_rows * c.hs).min(SPLIT_MAX_ROWS as usize) as u32;
+                    let words = split_scratch_bytes(rows, mb as u32) / 4;
+                    Some(buf("topk_split", DType::U32, &[words as usize])?)
+                }
+                false => None,
+            },
         })
     }
 }
@@ -384,8 +401,25 @@ impl QsaIndexer {
                 flags: &b.flags.buffer,
             };
             let (bi, bc) = (&b.block_indices.buffer, &b.block_count.buffer);
-            let d = dispatch_topk(&ctx, &tp, &b.scores.buffer, bi, bc, Some(route))?;
-            self.binds.record(&ctx, &mut enc, "topk", chunk, d).await?;
+            match b.split.as_ref().filter(|_| split_applies(&ctx, &tp)) {
+                // A few wide rows (decode on a GPU): spread over workgroups, two dispatches,
+                // in slots of their own so that chunks of many rows (prefill) keep theirs.
+                Some(sc) => {
+                    let sb = &sc.buffer;
+                    let [part, merge] =
+                        dispatch_topk_split(&ctx, &tp, &b.scores.buffer, bi, bc, Some(route), sb)?;
+                    let slot = SPLIT_SLOTS + chunk;
+                    let binds = &mut self.binds;
+                    binds
+                        .record(&ctx, &mut enc, "topk_part", slot, part)
+                        .await?;
+                    binds.record(&ctx, &mut enc, "topk", slot, merge).await?;
+                }
+                None => {
+                    let d = dispatch_topk(&ctx, &tp, &b.scores.buffer, bi, bc, Some(route))?;
+                    self.binds.record(&ctx, &mut enc, "topk", chunk, d).await?;
+                }
+            }
             base += rows;
             chunk += 1;
         }
@@ -445,7 +479,8 @@ impl QsaIndexer {
     }
 
     /// GPU milliseconds per stage of the last step, when timing is on: `compress`, `query`,
-    /// `score`, `topk` (which also writes the token route), and `attention_route` /
+    /// `score`, `topk` (which also writes the token route; with the split top-k, its first
+    /// dispatch is `topk_part`), and `attention_route` /
     /// `attention` / `attention_combine` after a step with attention; chunks and shards summed.
     pub async fn stage_times(&self) -> Result<Option<Vec<(&'static str, f64)>>> {
         self.binds.stage_times(&self.ctx).await

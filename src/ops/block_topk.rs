@@ -56,6 +56,32 @@ pub fn pipeline(w: u32, k: u32, subgroup_size: Option<u32>) -> (&'static str, &'
     }
 }
 
+/// The split kernels (`block_topk_split.wgsl`, entries `wide_part` and `wide_merge`): a few
+/// wide rows, each spread over many workgroups, for GPUs, where `wide` runs each row in one
+/// workgroup on one multiprocessor (on the H200 that was 62–65 % of the decode step's GPU
+/// time). Outputs bit for bit `wide`'s.
+pub const SHADER_SPLIT: &str = "block_topk_split";
+/// Columns per `wide_part` workgroup (`PART_W` in the WGSL).
+pub const PART_W: u32 = 1024;
+/// `wide_merge` workgroups per row (`Q` in the WGSL).
+pub const MERGE_GROUPS: u32 = 8;
+/// The most rows one split selection takes: with more, one workgroup per row already spreads
+/// over the device, and the scratch grows with the rows.
+pub const SPLIT_MAX_ROWS: u32 = 64;
+
+/// Whether [`dispatch_topk_split`] takes this selection on this context: split top-k on
+/// ([`Capabilities::split_topk`](crate::gpu::Capabilities)), wide rows, at most
+/// [`SPLIT_MAX_ROWS`] of them.
+pub fn split_applies(ctx: &Context, p: &BlockTopkParams) -> bool {
+    ctx.caps.split_topk && wide(p.w, p.k) && p.rows <= SPLIT_MAX_ROWS
+}
+
+/// Bytes of the split kernels' scratch for `rows` rows of width `w`: each row's kept keys and
+/// their columns (at most W of each) and its parts' counts.
+pub fn split_scratch_bytes(rows: u32, w: u32) -> u64 {
+    rows as u64 * (2 * w as u64 + w.div_ceil(PART_W) as u64) * 4
+}
+
 /// Attributes of `block_topk`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlockTopkAttrs {
@@ -401,6 +427,63 @@ pub fn dispatch_topk<'a>(
     })
 }
 
+/// The two dispatches of the split kernels (`wide_part`, then `wide_merge`) for the selection
+/// [`dispatch_topk`] describes, with `scratch` of at least [`split_scratch_bytes`]. Wide rows
+/// only (`wide(w, k)`); the outputs are `wide`'s, bit for bit.
+pub fn dispatch_topk_split<'a>(
+    ctx: &'a Context,
+    params: &'a BlockTopkParams,
+    scores: &'a wgpu::Buffer,
+    indices: &'a wgpu::Buffer,
+    count: &'a wgpu::Buffer,
+    route: Option<TopkRoute<'a>>,
+    scratch: &'a wgpu::Buffer,
+) -> Result<[Dispatch<'a>; 2]> {
+    if !wide(params.w, params.k) {
+        return Err(Error::attr(
+            OP,
+            "k",
+            format!(
+                "the split kernels take wide rows (W >= 16 k, W >= 2048, k <= 512), got W = {} \
+                 and k = {}",
+                params.w, params.k
+            ),
+        ));
+    }
+    let d = dispatch_topk(ctx, params, scores, indices, count, route)?;
+    let need = split_scratch_bytes(params.rows, params.w);
+    ctx.check_binding_size(OP, "split scratch", need)?;
+    if scratch.size() < need {
+        return Err(Error::input(
+            OP,
+            "split scratch",
+            format!(
+                "buffer holds {} bytes, {} rows of W = {} need {need}",
+                scratch.size(),
+                params.rows,
+                params.w
+            ),
+        ));
+    }
+    let mut buffers = d.buffers;
+    buffers.push(scratch);
+    let part = Dispatch {
+        key: PipelineKey::new(SHADER_SPLIT, "wide_part"),
+        params: d.params,
+        buffers: buffers.clone(),
+        textures: vec![],
+        groups: params.rows * params.w.div_ceil(PART_W),
+    };
+    let merge = Dispatch {
+        key: PipelineKey::new(SHADER_SPLIT, "wide_merge"),
+        params: d.params,
+        buffers,
+        textures: vec![],
+        groups: params.rows * MERGE_GROUPS,
+    };
+    Ok([part, merge])
+}
+
 /// Records the dispatch of [`dispatch_topk`] with a fresh bind group.
 pub async fn encode_topk(
     ctx: &Context,
@@ -434,15 +517,31 @@ pub async fn gpu(
     let idx = sentinel("block_indices", &[p.t, p.hs, p.k])?;
     let cnt = sentinel("block_count", &[p.t, p.hs])?;
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    encode_topk(
-        ctx,
-        &mut enc,
-        &p.params(),
-        &scores.buffer,
-        &idx.buffer,
-        &cnt.buffer,
-    )
-    .await?;
+    let params = p.params();
+    if split_applies(ctx, &params) {
+        let words = split_scratch_bytes(params.rows, params.w) / 4;
+        let scratch = GpuTensor::filled(
+            ctx,
+            &format!("qsa.{OP}.split"),
+            DType::U32,
+            &[words as usize],
+            0,
+        )?;
+        let (s, i, c) = (&scores.buffer, &idx.buffer, &cnt.buffer);
+        for d in dispatch_topk_split(ctx, &params, s, i, c, None, &scratch.buffer)? {
+            encode(ctx, &mut enc, d).await?;
+        }
+    } else {
+        encode_topk(
+            ctx,
+            &mut enc,
+            &params,
+            &scores.buffer,
+            &idx.buffer,
+            &cnt.buffer,
+        )
+        .await?;
+    }
     ctx.submit(OP, enc).await?;
     let got = Readback::new(
         ctx,

@@ -64,6 +64,16 @@ pub fn narrow_ctx() -> Arc<Context> {
     .unwrap()
 }
 
+/// A context on the same adapter whose top-k spreads a few wide rows over many workgroups
+/// (`block_topk`'s split kernels, otherwise chosen on discrete GPUs only).
+pub fn split_ctx() -> Arc<Context> {
+    Context::new_blocking(&ContextOptions {
+        split_topk: Some(true),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A context on the same adapter that never reads from texture copies (the indexer scores
 /// from its buffers), to compare the two.
 pub fn buffer_ctx() -> Arc<Context> {

@@ -57,17 +57,19 @@ pub fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
-/// Which kernel variants the context allows (subgroups, texture copies, 32-byte loads) and how
+/// Which kernel variants the context allows (subgroups, texture copies, 32-byte loads, the
+/// split top-k) and how
 /// many CPU-adapter workers it bound to cores.
 fn variants(ctx: &Context) -> String {
     let on = |b: bool| if b { "on" } else { "off" };
     format!(
-        "subgroups {}, textures {}, 32-byte loads {}, workers bound to cores {}",
+        "subgroups {}, textures {}, 32-byte loads {}, split top-k {}, workers bound to cores {}",
         ctx.caps
             .subgroup_size
             .map_or("off".to_string(), |n| format!("{n} lanes")),
         on(ctx.caps.textures),
         on(ctx.caps.wide_loads),
+        on(ctx.caps.split_topk),
         ctx.pinned_workers
     )
 }
@@ -182,6 +184,7 @@ pub fn json(
         "subgroup_size": ctx.caps.subgroup_size,
         "textures": ctx.caps.textures,
         "wide_loads": ctx.caps.wide_loads,
+        "split_topk": ctx.caps.split_topk,
         "pinned_workers": ctx.pinned_workers,
         "copy_gbs": roof.copy_gbs,
         "read_gbs": roof.read_gbs,
