@@ -24,11 +24,16 @@ thread_local! {
 /// thread keeps until the test ends.
 pub fn ctx() -> Arc<Context> {
     static CTX: OnceLock<Arc<Context>> = OnceLock::new();
-    let c = CTX
+    shared(&CTX, ContextOptions::default())
+}
+
+/// The context in `cell`, made once per test binary with `opts`; on GL, the test thread takes
+/// its turn (above).
+fn shared(cell: &OnceLock<Arc<Context>>, opts: ContextOptions) -> Arc<Context> {
+    let c = cell
         .get_or_init(|| {
             let _ = env_logger::builder().is_test(true).try_init();
-            let c = Context::new_blocking(&ContextOptions::default())
-                .expect("a GPU adapter (lavapipe or llvmpipe GL)");
+            let c = Context::new_blocking(&opts).expect("a GPU adapter (lavapipe or llvmpipe GL)");
             eprintln!("adapter: {}", c.describe());
             c
         })
@@ -65,13 +70,17 @@ pub fn narrow_ctx() -> Arc<Context> {
 }
 
 /// A context on the same adapter whose top-k spreads a few wide rows over many workgroups
-/// (`block_topk`'s split kernels, otherwise chosen on discrete GPUs only).
+/// (`block_topk`'s split kernels, chosen only when asked for), one per test binary like
+/// [`ctx`]: its pipelines are built once.
 pub fn split_ctx() -> Arc<Context> {
-    Context::new_blocking(&ContextOptions {
-        split_topk: Some(true),
-        ..Default::default()
-    })
-    .unwrap()
+    static CTX: OnceLock<Arc<Context>> = OnceLock::new();
+    shared(
+        &CTX,
+        ContextOptions {
+            split_topk: true,
+            ..Default::default()
+        },
+    )
 }
 
 /// A context on the same adapter that never reads from texture copies (the indexer scores

@@ -64,24 +64,23 @@ pub struct BenchArgs {
     pub no_thread_pinning: bool,
     /// Keep the GPU's clocks up with busy work before each pass and run: auto (on unless the
     /// adapter is a CPU), on, off.
-    #[arg(long, value_enum, default_value_t = Switch::Auto)]
-    pub clock_hold: Switch,
+    #[arg(long, value_enum, default_value_t = ClockHoldMode::Auto)]
+    pub clock_hold: ClockHoldMode,
     /// Write 128 MiB of host memory before each run, outside the timed span, so that every run
     /// starts with cold host caches (on a CPU adapter, the device's caches).
     #[arg(long)]
     pub evict_caches: bool,
-    /// Spread a few wide top-k rows (the decode presets) over many workgroups: auto (on a
-    /// discrete GPU), on, off.
-    #[arg(long, value_enum, default_value_t = Switch::Auto)]
-    pub split_topk: Switch,
+    /// Spread a few wide top-k rows (the decode presets) over many workgroups (block_topk's
+    /// split kernels, meant for GPUs).
+    #[arg(long)]
+    pub split_topk: bool,
     /// Run nothing: draw the chart of a run recorded with `--json` (this file) to `--svg`.
     #[arg(long, value_name = "JSON", requires = "svg")]
     pub redraw: Option<String>,
 }
 
-/// A choice the adapter decides unless told: `--clock-hold`, `--split-topk`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Switch {
+pub enum ClockHoldMode {
     Auto,
     On,
     Off,
@@ -163,11 +162,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         disable_textures: args.no_textures,
         disable_wide_loads: args.no_wide_loads,
         disable_thread_pinning: args.no_thread_pinning,
-        split_topk: match args.split_topk {
-            Switch::Auto => None,
-            Switch::On => Some(true),
-            Switch::Off => Some(false),
-        },
+        split_topk: args.split_topk,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
     let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;
@@ -183,9 +178,9 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     // decode step leaves it idle most of the time: busy work before each pass and each run
     // keeps it where a serving loop keeps it. Not on CPU adapters, whose cores the steps need.
     let on = match args.clock_hold {
-        Switch::Auto => ctx.info.device_type != wgpu::DeviceType::Cpu,
-        Switch::On => true,
-        Switch::Off => false,
+        ClockHoldMode::Auto => ctx.info.device_type != wgpu::DeviceType::Cpu,
+        ClockHoldMode::On => true,
+        ClockHoldMode::Off => false,
     };
     let hold = if on {
         Some(pollster::block_on(ClockHold::new(&ctx))?)
