@@ -121,6 +121,37 @@ pub struct Measure {
     pub note: Option<String>,
 }
 
+impl Measure {
+    /// A step's stage medians (GPU ms) and wall times with the bytes and FLOPs it must move;
+    /// the figures derived from the rooflines and the peer are filled in later (`report`).
+    pub fn new(
+        (preset, dtype): (&str, &str),
+        stages: Vec<Stage>,
+        (wall_median_ms, wall_min_ms): (f64, f64),
+        bytes: u64,
+        flops: u64,
+    ) -> Measure {
+        let gpu_ms = (!stages.is_empty()).then(|| stages.iter().map(|s| s.gpu_ms).sum());
+        Measure {
+            preset: preset.to_string(),
+            dtype: dtype.to_string(),
+            stages,
+            gpu_ms,
+            wall_median_ms,
+            wall_min_ms,
+            bytes,
+            flops,
+            gbs: 0.0,
+            gflops: 0.0,
+            copy_pct: 0.0,
+            floor_ms: 0.0,
+            peer_median_ms: None,
+            ratio: None,
+            note: None,
+        }
+    }
+}
+
 pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
     if let (Some(json), Some(svg)) = (&args.redraw, &args.svg) {
         return report::redraw(json, svg);

@@ -196,24 +196,13 @@ fn finish(
             });
         }
     }
-    let gpu_ms = (!out.is_empty()).then(|| out.iter().map(|s| s.gpu_ms).sum());
-    Measure {
-        preset: preset.to_string(),
-        dtype: dt.to_string(),
-        stages: out,
-        gpu_ms,
-        wall_median_ms,
-        wall_min_ms,
+    Measure::new(
+        (preset, &dt.to_string()),
+        out,
+        (wall_median_ms, wall_min_ms),
         bytes,
         flops,
-        gbs: 0.0,
-        gflops: 0.0,
-        copy_pct: 0.0,
-        floor_ms: 0.0,
-        peer_median_ms: None,
-        ratio: None,
-        note: None,
-    }
+    )
 }
 
 /// A preset that cannot run here (e.g. a buffer past the binding limit): reported, not fatal.

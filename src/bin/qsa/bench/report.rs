@@ -246,23 +246,19 @@ pub fn redraw(json: &str, path: &str) -> Result<()> {
         if note.is_none() && wall.is_none() {
             return Err(field("wall_median_ms"));
         }
-        all.push(Measure {
-            preset: text("preset")?,
-            dtype: text("dtype")?,
+        let mut m = Measure::new(
+            (&text("preset")?, &text("dtype")?),
             stages,
-            gpu_ms: r["gpu_ms"].as_f64(),
-            wall_median_ms: wall.unwrap_or(0.0),
-            wall_min_ms: r["wall_min_ms"].as_f64().unwrap_or(0.0),
-            bytes: 0,
-            flops: 0,
-            gbs: 0.0,
-            gflops: 0.0,
-            copy_pct: 0.0,
-            floor_ms: 0.0,
-            peer_median_ms: None,
-            ratio: None,
-            note,
-        });
+            (
+                wall.unwrap_or(0.0),
+                r["wall_min_ms"].as_f64().unwrap_or(0.0),
+            ),
+            0,
+            0,
+        );
+        m.gpu_ms = r["gpu_ms"].as_f64();
+        m.note = note;
+        all.push(m);
     }
     write(path, &svg_text(adapter, &all))?;
     eprintln!("wrote {path}");
@@ -367,29 +363,14 @@ mod tests {
     use super::{svg_text, Measure, Stage};
 
     fn measure(preset: &str, stages: &[&str]) -> Measure {
-        Measure {
-            preset: preset.into(),
-            dtype: "f32".into(),
-            stages: stages
-                .iter()
-                .map(|s| Stage {
-                    name: s.to_string(),
-                    gpu_ms: 1.0,
-                })
-                .collect(),
-            gpu_ms: Some(stages.len() as f64),
-            wall_median_ms: 1.0,
-            wall_min_ms: 1.0,
-            bytes: 0,
-            flops: 0,
-            gbs: 0.0,
-            gflops: 0.0,
-            copy_pct: 0.0,
-            floor_ms: 0.0,
-            peer_median_ms: None,
-            ratio: None,
-            note: None,
-        }
+        let stages = stages
+            .iter()
+            .map(|s| Stage {
+                name: s.to_string(),
+                gpu_ms: 1.0,
+            })
+            .collect();
+        Measure::new((preset, "f32"), stages, (1.0, 1.0), 0, 0)
     }
 
     #[test]
