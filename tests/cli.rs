@@ -1,6 +1,8 @@
 //! `qsa run` on case files: GPU and CPU outputs agree, and a bad case exits non-zero with a
 //! message on stderr and writes no output file.
 
+mod util;
+
 use qsa_wgpu::case::{read_tensors, Case};
 use qsa_wgpu::ops::{AttrMap, TensorMap};
 use qsa_wgpu::testing::{compare, transform_tol, Rng, ScratchDir};
@@ -208,6 +210,18 @@ fn info_lists_adapter_and_limits() {
             && s.contains("qsa_prepare"),
         "{s}"
     );
+    // The loads the kernels take on this adapter: llvmpipe's choices on a CPU adapter.
+    let ctx = util::ctx();
+    let on = |b: bool| if b { "on" } else { "off" };
+    let loads = format!(
+        "loads        textures {}  32-byte words {}",
+        on(ctx.caps.textures),
+        on(ctx.caps.wide_loads)
+    );
+    assert!(s.contains(&loads), "no `{loads}` in {s}");
+    if ctx.info.device_type == wgpu::DeviceType::Cpu {
+        assert!(ctx.caps.textures, "a CPU adapter reads texture copies");
+    }
 }
 
 #[test]
