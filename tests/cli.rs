@@ -214,7 +214,7 @@ fn info_lists_adapter_and_limits() {
     let ctx = util::ctx();
     let on = |b: bool| if b { "on" } else { "off" };
     let loads = format!(
-        "loads        textures {}  32-byte words {}",
+        "loads        textures {}  32-byte words {}  split top-k off",
         on(ctx.caps.textures),
         on(ctx.caps.wide_loads)
     );

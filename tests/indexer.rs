@@ -366,10 +366,10 @@ fn texture_copies_change_nothing() {
 
 #[test]
 fn split_topk_changes_nothing() {
-    // Rows of W = 4096 blocks and k = 64 are wide: on a context that splits them (as a
-    // discrete GPU's does) the decode steps' few rows take the split kernels, two dispatches
-    // in slots of their own, and a prefill chunk of more than 64 rows the one-workgroup
-    // kernel. Both layers must agree bit for bit, in the selections and in the scores. With
+    // Rows of W = 4096 blocks and k = 64 are wide: on a context told to split them the decode
+    // steps' few rows take the split kernels, two dispatches in slots of their own (the
+    // stage `topk_part` where the adapter can time stages), and a step of more than 64 rows
+    // the one-workgroup kernel. Both layers must agree bit for bit, in the selections and in the scores. With
     // ~3000 cached tokens the sampled threshold holds; with 40 it cannot (too few sampled
     // candidates), and the merge falls back to the whole `wide` kernel.
     let mut rng = Rng::new(92);
@@ -424,9 +424,15 @@ fn split_topk_changes_nothing() {
             }
         }
         let want = run(&mut plain, &util::ctx(), &step, &qs);
+        let timed = split.set_timing(true);
         let got = run(&mut split, &split_ctx, &step, &qs);
         for name in NAMES.iter().chain(["scores"].iter()) {
             assert_eq!(got[*name], want[*name], "step {step:?} at {at:?}: {name}");
+        }
+        if timed {
+            let stages = pollster::block_on(split.stage_times()).unwrap().unwrap();
+            let parted = stages.iter().any(|(name, _)| *name == "topk_part");
+            assert_eq!(parted, step[0] == 1, "step {step:?}: stages {stages:?}");
         }
         at[0] += step[0];
         at[1] += step[1];

@@ -56,7 +56,8 @@ pub struct Capabilities {
     /// after 65535 iterations: operators refuse sizes that could reach that.
     pub llvmpipe: bool,
     /// Whether the indexer keeps texture copies of its index queries and block keys and scores
-    /// from them: on every adapter but a discrete GPU, unless
+    /// from them: on every adapter but a discrete GPU (llvmpipe counts as a CPU adapter
+    /// whatever type a backend reports for it), unless
     /// [`ContextOptions::disable_textures`]. Texel fetches are the faster loads on llvmpipe;
     /// on the H200 the storage reads were faster (bf16 decode score 0.031 → 0.025 ms, prefill
     /// f32 1.96 → 1.80 ms without textures; docs/perf.md).
@@ -67,7 +68,8 @@ pub struct Capabilities {
     /// a loop over the SIMD lanes per component, so four 64-bit components move twice the
     /// bytes of four 32-bit ones for about the same cost; on the H200's 32 lanes the wider
     /// words left lanes idle (bf16 attention partial pass 0.070 against 0.044 ms;
-    /// docs/perf.md).
+    /// docs/perf.md). Neither this nor `textures` can be forced on where they are off: on a
+    /// discrete GPU those kernels are left untaken (the tests cover them on CPU adapters).
     pub wide_loads: bool,
     /// Whether `block_topk` spreads a few wide rows (decode) over many workgroups, two
     /// dispatches (`block_topk_split.wgsl`), instead of one workgroup per row: where

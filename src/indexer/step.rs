@@ -79,7 +79,11 @@ impl StepBuffers {
             token_indices: buf("token_indices", DType::I32, &[rows, c.hs, c.route_width()])?,
             token_count: buf("token_count", DType::I32, &[rows, c.hs])?,
             flags: buf("flags", DType::U32, &[1])?,
-            split: match ctx.caps.split_topk && wide(mb as u32, c.k as u32) {
+            // Only where a step's rows can be few enough (a chunk holds whole tokens of Hs rows).
+            split: match ctx.caps.split_topk
+                && wide(mb as u32, c.k as u32)
+                && c.hs <= SPLIT_MAX_ROWS as usize
+            {
                 true => {
                     let rows = (chunk_rows * c.hs).min(SPLIT_MAX_ROWS as usize) as u32;
                     let words = split_scratch_bytes(rows, mb as u32) / 4;

@@ -429,7 +429,8 @@ pub fn dispatch_topk<'a>(
 
 /// The two dispatches of the split kernels (`wide_part`, then `wide_merge`) for the selection
 /// [`dispatch_topk`] describes, with `scratch` of at least [`split_scratch_bytes`]. Wide rows
-/// only (`wide(w, k)`); the outputs are `wide`'s, bit for bit.
+/// only (`wide(w, k)`), any number of them (the scratch grows with them; [`split_applies`]
+/// keeps the split to a few); the outputs are `wide`'s, bit for bit.
 pub fn dispatch_topk_split<'a>(
     ctx: &'a Context,
     params: &'a BlockTopkParams,
@@ -558,6 +559,32 @@ pub async fn gpu(
 
 #[cfg(test)]
 mod tests {
+    /// The WGSL's constant `name` in `shader`.
+    fn wgsl_u32(shader: &str, name: &str) -> u32 {
+        let src = crate::shaders::assemble(shader).unwrap();
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let (_, c) = module
+            .constants
+            .iter()
+            .find(|(_, c)| c.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no constant {name} in {shader}"));
+        match module.global_expressions[c.init] {
+            naga::Expression::Literal(naga::Literal::U32(v)) => v,
+            ref e => panic!("{name}: {e:?}"),
+        }
+    }
+
+    /// The host sizes the split kernels' grids and scratch with the shader's own constants.
+    #[test]
+    fn split_constants_match_the_shader() {
+        assert_eq!(wgsl_u32(super::SHADER_SPLIT, "PART_W"), super::PART_W);
+        assert_eq!(wgsl_u32(super::SHADER_SPLIT, "Q"), super::MERGE_GROUPS);
+        assert_eq!(
+            wgsl_u32(super::SHADER_SPLIT, "MAX_K") as usize,
+            super::MAX_K
+        );
+    }
+
     /// `SHORT_W` is the WGSL's `SLOTS` (every column of a short row fits the ranking), and
     /// `row_sg`'s private key array holds a lane's chunk of the widest short row.
     #[test]

@@ -80,9 +80,10 @@ fn info(backend: &Option<String>) -> Result<()> {
     );
     let on = |b: bool| if b { "on" } else { "off" };
     println!(
-        "loads        textures {}  32-byte words {}",
+        "loads        textures {}  32-byte words {}  split top-k {}",
         on(ctx.caps.textures),
-        on(ctx.caps.wide_loads)
+        on(ctx.caps.wide_loads),
+        on(ctx.caps.split_topk)
     );
     if ctx.caps.llvmpipe {
         println!(

@@ -75,7 +75,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub split_topk: bool,
     /// Run nothing: draw the chart of a run recorded with `--json` (this file) to `--svg`.
-    #[arg(long, value_name = "JSON", requires = "svg")]
+    #[arg(
+        long,
+        value_name = "JSON",
+        requires = "svg",
+        conflicts_with_all = ["json", "peer", "presets", "dtypes"]
+    )]
     pub redraw: Option<String>,
 }
 

@@ -266,7 +266,8 @@ pub fn redraw(json: &str, path: &str) -> Result<()> {
 }
 
 fn svg_text(adapter: &str, all: &[Measure]) -> String {
-    // Tableau's 10 and two more: every stage of the five presets (11) its own colour.
+    // Tableau's 10 and two more: every stage of the five presets its own colour (11, and
+    // `topk_part` with --split-topk).
     let colors = [
         "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
         "#9c755f", "#bab0ac", "#1f3b5c", "#8cd17d",
