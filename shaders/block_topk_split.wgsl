@@ -31,13 +31,29 @@ fn parts() -> u32 {
     return (P.w + PART_W - 1u) / PART_W;
 }
 
+// (row, workgroup within the row) of workgroup wg, for n workgroups per row.
+fn row_and_index(wg: vec3<u32>, nwg: vec3<u32>, n: u32) -> vec2<u32> {
+    let id = wg.y * nwg.x + wg.x;
+    return vec2<u32>(id / n, id % n);
+}
+
+// The scratch word of the column kept at word `at` (a key's word).
+fn col_word(at: u32) -> u32 {
+    return P.rows * P.w + at;
+}
+
+// The scratch word of part j's count in row `row` (of np parts).
+fn count_word(row: u32, np: u32, j: u32) -> u32 {
+    return 2u * P.rows * P.w + row * np + j;
+}
+
 @compute @workgroup_size(256)
 fn wide_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
     let np = parts();
-    let id = wg.y * nwg.x + wg.x;
-    let row = id / np;
-    let j = id % np;
+    let rj = row_and_index(wg, nwg, np);
+    let row = rj.x;
+    let j = rj.y;
     if (row >= P.rows) {
         return;
     }
@@ -47,10 +63,9 @@ fn wide_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     sample_threshold(base, lid);
     let t = workgroupUniformLoad(&thr_s);
-    let counts = 2u * P.rows * P.w + row * np;
     if (t == 0u) {
         if (lid == 0u) {
-            cand[counts + j] = 0u;
+            cand[count_word(row, np, j)] = 0u;
         }
         return;
     }
@@ -77,12 +92,12 @@ fn wide_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     for (var i = 0u; i < 4u; i++) {
         if (kept4[i]) {
             cand[pos] = keys[i];
-            cand[P.rows * P.w + pos] = c0 + i;
+            cand[col_word(pos)] = c0 + i;
             pos += 1u;
         }
     }
     if (lid == 0u) {
-        cand[counts + j] = kept;
+        cand[count_word(row, np, j)] = kept;
     }
 }
 
@@ -90,9 +105,9 @@ fn wide_part(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 fn wide_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
     let np = parts();
-    let id = wg.y * nwg.x + wg.x;
-    let row = id / Q;
-    let q = id % Q;
+    let rq = row_and_index(wg, nwg, Q);
+    let row = rq.x;
+    let q = rq.y;
     if (row >= P.rows) {
         return;
     }
@@ -100,7 +115,7 @@ fn wide_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     // is the row's total. This also clears `scol`.
     var mine = 0u;
     if (lid < np) {
-        mine = cand[2u * P.rows * P.w + row * np + lid];
+        mine = cand[count_word(row, np, lid)];
     }
     scan_counts(lid, mine);
     let total = workgroupUniformLoad(&kept);
@@ -129,7 +144,7 @@ fn wide_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             }
         }
         let at = base + lo * PART_W + (p - sfx[lo] - part[lo >> 4u]);
-        put_entry(p, cand[at], cand[P.rows * P.w + at]);
+        put_entry(p, cand[at], cand[col_word(at)]);
     }
     workgroupBarrier();
     let m = rank_begin(lid);

@@ -68,8 +68,7 @@ fn fused(
         };
         if block_topk::split_applies(ctx, params) {
             // The split kernels' scratch is the caller's: one per chunk here.
-            let bytes = block_topk::split_scratch_bytes(params.rows, params.w);
-            let sc = GpuTensor::filled(ctx, "test.split", DType::U32, &[bytes as usize / 4], 0)?;
+            let sc = block_topk::split_scratch(ctx, "test.split", params.rows, params.w)?;
             let (s, i, c) = (&s.buffer, &bi.buffer, &bc.buffer);
             for d in block_topk::dispatch_topk_split(ctx, params, s, i, c, Some(route), &sc.buffer)?
             {

@@ -10,7 +10,7 @@ use crate::ops::block_score::{
     dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
 };
 use crate::ops::block_topk::{
-    dispatch_topk, dispatch_topk_split, split_applies, split_scratch_bytes, wide, BlockTopkParams,
+    dispatch_topk, dispatch_topk_split, split_applies, split_scratch, wide, BlockTopkParams,
     TopkRoute, SPLIT_MAX_ROWS,
 };
 use crate::ops::common::read_checked;
@@ -86,8 +86,12 @@ impl StepBuffers {
             {
                 true => {
                     let rows = (chunk_rows * c.hs).min(SPLIT_MAX_ROWS as usize) as u32;
-                    let words = split_scratch_bytes(rows, mb as u32) / 4;
-                    Some(buf("topk_split", DType::U32, &[words as usize])?)
+                    Some(split_scratch(
+                        ctx,
+                        "qsa.indexer.topk_split",
+                        rows,
+                        mb as u32,
+                    )?)
                 }
                 false => None,
             },

@@ -82,6 +82,12 @@ pub fn split_scratch_bytes(rows: u32, w: u32) -> u64 {
     rows as u64 * (2 * w as u64 + w.div_ceil(PART_W) as u64) * 4
 }
 
+/// A zeroed scratch buffer of [`split_scratch_bytes`] for `rows` rows of width `w`.
+pub fn split_scratch(ctx: &Context, label: &str, rows: u32, w: u32) -> Result<GpuTensor> {
+    let words = split_scratch_bytes(rows, w) / 4;
+    GpuTensor::filled(ctx, label, DType::U32, &[words as usize], 0)
+}
+
 /// Attributes of `block_topk`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlockTopkAttrs {
@@ -520,14 +526,7 @@ pub async fn gpu(
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let params = p.params();
     if split_applies(ctx, &params) {
-        let words = split_scratch_bytes(params.rows, params.w) / 4;
-        let scratch = GpuTensor::filled(
-            ctx,
-            &format!("qsa.{OP}.split"),
-            DType::U32,
-            &[words as usize],
-            0,
-        )?;
+        let scratch = split_scratch(ctx, &format!("qsa.{OP}.split"), params.rows, params.w)?;
         let (s, i, c) = (&scores.buffer, &idx.buffer, &cnt.buffer);
         for d in dispatch_topk_split(ctx, &params, s, i, c, None, &scratch.buffer)? {
             encode(ctx, &mut enc, d).await?;
@@ -589,17 +588,9 @@ mod tests {
     /// `row_sg`'s private key array holds a lane's chunk of the widest short row.
     #[test]
     fn short_rows_fit_the_shader() {
+        assert_eq!(wgsl_u32(super::SHADER_SG, "SLOTS"), super::SHORT_W);
         let src = crate::shaders::assemble(super::SHADER_SG).unwrap();
         let module = naga::front::wgsl::parse_str(&src).unwrap();
-        let (_, slots) = module
-            .constants
-            .iter()
-            .find(|(_, c)| c.name.as_deref() == Some("SLOTS"))
-            .expect("no constant SLOTS");
-        match module.global_expressions[slots.init] {
-            naga::Expression::Literal(naga::Literal::U32(v)) => assert_eq!(v, super::SHORT_W),
-            ref e => panic!("SLOTS: {e:?}"),
-        }
         let entry = module
             .entry_points
             .iter()

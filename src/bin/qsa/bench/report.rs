@@ -391,28 +391,12 @@ mod tests {
         colours.dedup();
         assert_eq!(colours.len(), 12, "two stages share a colour");
         // Two rows of keys, the chart tall enough for the second.
-        let ys: Vec<f64> = keys
-            .iter()
-            .map(|l| {
-                l.split("y=\"")
-                    .nth(1)
-                    .unwrap()
-                    .split('"')
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap()
-            })
-            .collect();
-        let height: f64 = text
-            .split("height=\"")
-            .nth(1)
-            .unwrap()
-            .split('"')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let attr = |l: &str, name: &str| -> f64 {
+            let v = l.split(&format!("{name}=\"")).nth(1).unwrap();
+            v.split('"').next().unwrap().parse().unwrap()
+        };
+        let ys: Vec<f64> = keys.iter().map(|l| attr(l, "y")).collect();
+        let height = attr(&text, "height");
         assert!(ys.iter().any(|&y| y > ys[0]), "one row of keys");
         assert!(
             ys.iter().all(|&y| y + 12.0 <= height),
