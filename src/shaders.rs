@@ -26,6 +26,14 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/qsa_prepare_query.wgsl"),
     ),
     (
+        "common/qsa_prepare_query_words.wgsl",
+        include_str!("../shaders/common/qsa_prepare_query_words.wgsl"),
+    ),
+    (
+        "common/qsa_compress_block.wgsl",
+        include_str!("../shaders/common/qsa_compress_block.wgsl"),
+    ),
+    (
         "common/nsa_attention.wgsl",
         include_str!("../shaders/common/nsa_attention.wgsl"),
     ),
@@ -88,6 +96,10 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "qsa_prepare_query_vec.wgsl",
         include_str!("../shaders/qsa_prepare_query_vec.wgsl"),
+    ),
+    (
+        "qsa_compress_query.wgsl",
+        include_str!("../shaders/qsa_compress_query.wgsl"),
     ),
     (
         "block_topk.wgsl",

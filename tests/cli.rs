@@ -219,6 +219,11 @@ fn info_lists_adapter_and_limits() {
         on(ctx.caps.wide_loads)
     );
     assert!(s.contains(&loads), "no `{loads}` in {s}");
+    let fused = format!(
+        "dispatches   compress+query fused {}",
+        on(ctx.caps.fused_prepare)
+    );
+    assert!(s.contains(&fused), "no `{fused}` in {s}");
     if ctx.info.device_type == wgpu::DeviceType::Cpu {
         assert!(ctx.caps.textures, "a CPU adapter reads texture copies");
     }

@@ -438,3 +438,79 @@ fn split_topk_changes_nothing() {
         at[1] += step[1];
     }
 }
+
+#[test]
+fn fused_prepare_changes_nothing() {
+    // The compress of a step's blocks and the preparation of its index queries run as one
+    // dispatch where the adapter allows it and the query's word kernel applies (Di = 40), else
+    // as two (a context told not to fuse; Di = 42 in f32, where the element kernel runs). Each
+    // workgroup runs its own operator's code, so the layers must agree bit for bit, in the
+    // selections and in the scores, over prefill chunks and decode rows of two sequences,
+    // with the device pool in one shard or several (the fused dispatch then takes the first
+    // shard's compress). Where the adapter can time stages they show which ran.
+    let mut rng = Rng::new(71);
+    let unfused_ctx = util::unfused_ctx();
+    assert!(!unfused_ctx.caps.fused_prepare);
+    let cases = [
+        (DType::F32, 40, None),
+        (DType::BF16, 40, None),
+        (DType::F32, 40, Some(5)),
+        (DType::F32, 42, None),
+    ];
+    for (dtype, di, shard_pages) in cases {
+        let cfg = IndexerConfig {
+            di,
+            pool_shard_pages: shard_pages,
+            ..config(dtype, 2, 8)
+        };
+        let per_word = 16 / dtype.size();
+        let words = di.is_multiple_of(per_word) && cfg.dr.is_multiple_of(2 * per_word);
+        let fuses = util::ctx().caps.fused_prepare && words;
+        let order = rng.permutation(pages(&cfg));
+        let mut fused = layer(&cfg, 4, order.clone());
+        let mut split = layer_on(unfused_ctx.clone(), &cfg, 4, order);
+        let seqs: Vec<(Vec<f32>, Tensor)> = (0..2).map(|_| sequence(&mut rng, &cfg, 90)).collect();
+        for ix in [&mut fused, &mut split] {
+            ix.add_sequence().unwrap();
+            ix.add_sequence().unwrap();
+        }
+        let mut at = [0, 0];
+        for step in [[37, 5], [20, 40], [1, 1], [1, 0], [1, 1], [0, 1]] {
+            let qs = cat(&[
+                rows(&seqs[0].1, at[0], at[0] + step[0]),
+                rows(&seqs[1].1, at[1], at[1] + step[1]),
+            ]);
+            let mut outs = Vec::new();
+            for (ix, ctx) in [(&mut fused, util::ctx()), (&mut split, unfused_ctx.clone())] {
+                for s in 0..2 {
+                    ix.append_keys(s, &seqs[s].0[at[s] * di..(at[s] + step[s]) * di])
+                        .unwrap();
+                }
+                let timed = ix.set_timing(true);
+                let out = pollster::block_on(ix.step(&step, &qs)).unwrap();
+                let mut got = pollster::block_on(out.read(&ctx)).unwrap();
+                let scores = out.scores.as_ref().expect("one score chunk");
+                got.insert(
+                    "scores".into(),
+                    pollster::block_on(scores.read(&ctx)).unwrap(),
+                );
+                if timed {
+                    let stages = pollster::block_on(ix.stage_times()).unwrap().unwrap();
+                    let has = |n: &str| stages.iter().any(|(name, _)| *name == n);
+                    let one = fuses && ctx.caps.fused_prepare;
+                    assert_eq!(has("compress_query"), one, "{dtype} Di {di}: {stages:?}");
+                    assert_eq!(has("query"), !one, "{dtype} Di {di}: {stages:?}");
+                }
+                outs.push(got);
+            }
+            for name in NAMES.iter().chain(["scores"].iter()) {
+                assert_eq!(
+                    outs[0][*name], outs[1][*name],
+                    "{dtype} Di {di}, step {step:?} at {at:?}: {name}"
+                );
+            }
+            at[0] += step[0];
+            at[1] += step[1];
+        }
+    }
+}

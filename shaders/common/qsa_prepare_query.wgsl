@@ -1,7 +1,9 @@
-// qsa_prepare_query's parameters, the bindings its two kernels type alike and their row setup
-// (qsa_prepare_query.wgsl, qsa_prepare_query_vec.wgsl).
+// qsa_prepare_query's parameters and the row setup of its kernels (qsa_prepare_query.wgsl,
+// qsa_prepare_query_vec.wgsl, and qsa_compress_query.wgsl, which runs the word kernel in the
+// indexer's compress dispatch). The including shader declares the bindings: `U.q` (the params),
+// `positions` (i32) and `flags`.
 
-const WG: u32 = 64u;
+const QWG: u32 = 64u;  // invocations per workgroup
 
 struct QsaPrepareQueryParams {
     t: u32,          // rows
@@ -18,22 +20,19 @@ struct QsaPrepareQueryParams {
     _pad2: u32,
 }
 
-@group(0) @binding(0) var<uniform> P: QsaPrepareQueryParams;
-@group(0) @binding(5) var<storage, read> positions: array<i32>;  // [T] i32
-@group(0) @binding(7) var<storage, read_write> flags: atomic<u32>;
-
-// The row (t, h) of an invocation: (r = t · Hi + h, t, its freqs_cis row, 1), or 0 in w past
-// the rows and for a position outside freqs_cis (flagged), which is left unwritten.
-fn query_row(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> vec4<u32> {
-    let r = (wg.y * nwg.x + wg.x) * WG + lid;
-    if (r >= P.t * P.hi) {
+// The row (t, h) of invocation lid of workgroup gid: (r = t · Hi + h, t, its freqs_cis row, 1),
+// or 0 in w past the rows and for a position outside freqs_cis (flagged), which is left
+// unwritten.
+fn query_row(gid: u32, lid: u32) -> vec4<u32> {
+    let r = gid * QWG + lid;
+    if (r >= U.q.t * U.q.hi) {
         return vec4<u32>(0u);
     }
-    let t = r / P.hi;
+    let t = r / U.q.hi;
     var pos = 0u;
-    if (P.rope_mode == 2u) {
+    if (U.q.rope_mode == 2u) {
         let p = positions[t];
-        if (p < 0 || u32(p) >= P.freq_rows) {
+        if (p < 0 || u32(p) >= U.q.freq_rows) {
             atomicOr(&flags, FLAG_ROPE_ROW);
             return vec4<u32>(r, t, 0u, 0u);
         }

@@ -41,7 +41,14 @@ pub struct ContextOptions {
     /// [`Capabilities::split_topk`]). Off by default: faster on the H200, but the whole test
     /// suite has not yet passed with it there (docs/perf.md, "On a real GPU").
     pub split_topk: bool,
+    /// Keep the indexer's compress and query preparation in two dispatches (see
+    /// [`Capabilities::fused_prepare`]).
+    pub disable_fused_prepare: bool,
 }
+
+/// Storage buffers of `qsa_compress_query.wgsl`, the indexer's compress and query preparation
+/// in one dispatch: an adapter must allow that many per shader stage for it.
+pub const FUSED_PREPARE_BUFFERS: u32 = 13;
 
 /// Adapter features an operator may choose a variant by.
 #[derive(Clone, Copy, Debug, Default)]
@@ -77,6 +84,14 @@ pub struct Capabilities {
     /// top-k went from 0.086 to 0.065 ms); on a CPU adapter a workgroup is one thread and one
     /// per row already keeps the cores busy.
     pub split_topk: bool,
+    /// Whether the indexer runs the compress of a step's blocks and the preparation of its
+    /// index queries in one dispatch (`qsa_compress_query.wgsl`; each workgroup runs one
+    /// operator's kernel, the same results): where the adapter allows
+    /// [`FUSED_PREPARE_BUFFERS`] storage buffers per stage (WebGPU's default is 8), the word
+    /// kernel of the query preparation applies, and unless
+    /// [`ContextOptions::disable_fused_prepare`]. A decode step's two are one workgroup each;
+    /// on lavapipe the query dispatch alone cost 0.075 ms of a 1.6 ms f32 step (docs/perf.md).
+    pub fused_prepare: bool,
 }
 
 /// Adapter, device, queue and the pipeline cache. Cheap to share through an `Arc`.
@@ -192,6 +207,8 @@ impl Context {
                 && !gpu
                 && ShaderTarget::of(info.backend) != ShaderTarget::Browser,
             split_topk: opts.split_topk,
+            fused_prepare: !opts.disable_fused_prepare
+                && adapter.limits().max_storage_buffers_per_shader_stage >= FUSED_PREPARE_BUFFERS,
         };
         let mut required = wgpu::Features::empty();
         if caps.timestamps {

@@ -5,6 +5,7 @@
 
 use super::{QsaIndexer, OP};
 use crate::error::{Error, Result};
+use crate::gpu::PipelineKey;
 use crate::gpu::{Context, GpuTensor, WordTexture};
 use crate::ops::block_score::{
     dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
@@ -14,8 +15,12 @@ use crate::ops::block_topk::{
     TopkRoute, SPLIT_MAX_ROWS,
 };
 use crate::ops::common::read_checked;
+use crate::ops::common::Dispatch;
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
-use crate::ops::qsa_prepare_query::{dispatch_query, QsaPrepareQueryParams, QueryBuffers};
+use crate::ops::qsa_prepare_query::{
+    dispatch_query, dispatch_query_with, shader as query_shader, QsaPrepareQueryParams,
+    QueryBuffers, SHADER_VEC,
+};
 use crate::ops::sparse_attention::{
     pack_seqs, params as attention_params, record_attention, AttentionGeometry,
     ShardedAttentionBuffers,
@@ -27,6 +32,48 @@ use super::IndexerConfig;
 
 /// The first bind-cache slot of the split top-k's dispatches (chunk c takes `SPLIT_SLOTS + c`).
 const SPLIT_SLOTS: usize = 1 << 20;
+
+/// The shader of the step's compress and query preparation in one dispatch.
+const SHADER_FUSED_PREPARE: &str = "qsa_compress_query";
+
+/// The params of [`SHADER_FUSED_PREPARE`]: the compress dispatch's, then the query
+/// preparation's (the shader's `FusedUniform`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct FusedPrepareParams {
+    c: QsaCompressParams,
+    q: QsaPrepareQueryParams,
+}
+
+/// The compress of `p.c` (one pool shard) and the word kernel of the query preparation of
+/// `p.q` in one dispatch: the compress workgroups first, then the query's, 64 (row, head)
+/// pairs each. Only where [`crate::gpu::Capabilities::fused_prepare`] and the word kernel
+/// applies ([`query_shader`] gives [`SHADER_VEC`]). The buffers are the two dispatches', in
+/// their order, the query's flag word being the compress's (the shader binds it once; the
+/// step passes the same buffer to both).
+fn dispatch_compress_query<'a>(
+    ctx: &'a Context,
+    dt: DType,
+    p: &'a FusedPrepareParams,
+    cb: &'a CompressBuffers<'a>,
+    qb: &'a QueryBuffers<'a>,
+) -> Result<Dispatch<'a>> {
+    let compress = dispatch_compress(ctx, dt, &p.c, cb)?;
+    let query = dispatch_query_with(ctx, SHADER_VEC, dt, &p.q, qb)?;
+    let (flags, query_buffers) = query.buffers.split_last().expect("the query's flag word");
+    debug_assert!(std::ptr::eq(*flags, cb.flags));
+    Ok(Dispatch {
+        key: PipelineKey::new(SHADER_FUSED_PREPARE, "main").with("T_KIND", dt.shader_kind()),
+        params: bytemuck::bytes_of(p),
+        buffers: compress
+            .buffers
+            .into_iter()
+            .chain(query_buffers.iter().copied())
+            .collect(),
+        textures: vec![],
+        groups: compress.groups + query.groups,
+    })
+}
 
 /// The step's device buffers, allocated once.
 pub(super) struct StepBuffers {
@@ -262,6 +309,30 @@ impl QsaIndexer {
                 label: Some("qsa.indexer.step"),
             });
         self.binds.begin();
+        let qp = QsaPrepareQueryParams {
+            t: t as u32,
+            hi: c.hi as u32,
+            di: c.di as u32,
+            dr: c.dr as u32,
+            rope_mode: 2,
+            norm_on: 1,
+            freq_rows: c.max_len as u32,
+            eps: c.epsilon,
+            offset: c.q_norm_offset,
+            ..Default::default()
+        };
+        let qb = QueryBuffers {
+            q_raw: &b.q_raw.buffer,
+            weight: &self.q_norm_gpu.buffer,
+            rope_a: &self.freqs_gpu.buffer,
+            rope_b: &ctx.dummy,
+            positions: &b.pos.buffer,
+            out: &b.q.buffer,
+            flags: &b.flags.buffer,
+        };
+        // The query preparation rides in the first shard's compress dispatch where it can.
+        let fuse = t > 0 && ctx.caps.fused_prepare && query_shader(c.dtype, &qp) == SHADER_VEC;
+        let mut fuse_pending = fuse;
         // The device pool holds K rows only: pages of page_size · Di elements.
         let page_stride = c.page_size * c.di;
         for (shard, pool) in self.pool_gpu.iter().enumerate() {
@@ -296,10 +367,19 @@ impl QsaIndexer {
                 block_keys: &self.keys_gpu.buffer,
                 flags: &b.flags.buffer,
             };
-            let d = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
-            self.binds
-                .record(&ctx, &mut enc, "compress", shard, d)
-                .await?;
+            if fuse_pending {
+                let fp = FusedPrepareParams { c: cp, q: qp };
+                let d = dispatch_compress_query(&ctx, c.dtype, &fp, &cb, &qb)?;
+                self.binds
+                    .record(&ctx, &mut enc, "compress_query", shard, d)
+                    .await?;
+                fuse_pending = false;
+            } else {
+                let d = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
+                self.binds
+                    .record(&ctx, &mut enc, "compress", shard, d)
+                    .await?;
+            }
         }
         // The texture copy of the block keys follows the rows just compressed: blocks
         // cache / r .. count / r of each slot, in whole 16-byte words.
@@ -319,29 +399,10 @@ impl QsaIndexer {
             return Ok(self.outputs(0));
         }
 
-        let qp = QsaPrepareQueryParams {
-            t: t as u32,
-            hi: c.hi as u32,
-            di: c.di as u32,
-            dr: c.dr as u32,
-            rope_mode: 2,
-            norm_on: 1,
-            freq_rows: c.max_len as u32,
-            eps: c.epsilon,
-            offset: c.q_norm_offset,
-            ..Default::default()
-        };
-        let qb = QueryBuffers {
-            q_raw: &b.q_raw.buffer,
-            weight: &self.q_norm_gpu.buffer,
-            rope_a: &self.freqs_gpu.buffer,
-            rope_b: &ctx.dummy,
-            positions: &b.pos.buffer,
-            out: &b.q.buffer,
-            flags: &b.flags.buffer,
-        };
-        let d = dispatch_query(&ctx, c.dtype, &qp, &qb)?;
-        self.binds.record(&ctx, &mut enc, "query", 0, d).await?;
+        if !fuse {
+            let d = dispatch_query(&ctx, c.dtype, &qp, &qb)?;
+            self.binds.record(&ctx, &mut enc, "query", 0, d).await?;
+        }
         if let Some([tex, _]) = &self.textures {
             let bytes = (t * c.hi * c.di * c.dtype.size()) as u64;
             tex.copy_words(&mut enc, &b.q.buffer, 0, bytes.div_ceil(16));

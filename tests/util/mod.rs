@@ -83,6 +83,16 @@ pub fn split_ctx() -> Arc<Context> {
     )
 }
 
+/// A context on the same adapter whose indexer runs the compress and the query preparation as
+/// two dispatches (see `Capabilities::fused_prepare`), to compare the two.
+pub fn unfused_ctx() -> Arc<Context> {
+    Context::new_blocking(&ContextOptions {
+        disable_fused_prepare: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A context on the same adapter that never reads from texture copies (the indexer scores
 /// from its buffers), to compare the two.
 pub fn buffer_ctx() -> Arc<Context> {

@@ -85,6 +85,10 @@ fn info(backend: &Option<String>) -> Result<()> {
         on(ctx.caps.wide_loads),
         on(ctx.caps.split_topk)
     );
+    println!(
+        "dispatches   compress+query fused {}",
+        on(ctx.caps.fused_prepare)
+    );
     if ctx.caps.llvmpipe {
         println!(
             "workers      {} bound to a core each (llvmpipe)",

@@ -74,6 +74,9 @@ pub struct BenchArgs {
     /// split kernels, meant for GPUs).
     #[arg(long)]
     pub split_topk: bool,
+    /// Run the QSA presets' compress and query preparation as two dispatches instead of one.
+    #[arg(long)]
+    pub no_fused_prepare: bool,
     /// Run nothing: draw the chart of a run recorded with `--json` (this file) to `--svg`.
     #[arg(
         long,
@@ -199,6 +202,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         disable_wide_loads: args.no_wide_loads,
         disable_thread_pinning: args.no_thread_pinning,
         split_topk: args.split_topk,
+        disable_fused_prepare: args.no_fused_prepare,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());
     let roof: Roofline = pollster::block_on(roofline(&ctx, 128 << 20, 5))?;
