@@ -7,7 +7,9 @@
 // contracts multiply-adds may do so differently in different shaders). Why: on a CPU adapter each
 // dispatch costs a wait for all of its workgroups and the two are one workgroup each in a
 // decode step, one core idling while the other works; one dispatch runs both at once
-// (docs/perf.md, qsa-decode-128k).
+// (docs/perf.md, qsa-decode-128k). The host takes it only for that (the query one workgroup):
+// llvmpipe compiles this whole kernel as a coroutine for the compress's barriers, which halves
+// the speed of the query's workgroups.
 
 //#include common/dtype.wgsl
 //#include common/rowmath.wgsl

@@ -8,7 +8,7 @@
 mod util;
 
 use qsa_wgpu::gpu::Context;
-use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
+use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer, FUSED_QUERY_PAIRS};
 use qsa_wgpu::ops::TensorMap;
 use qsa_wgpu::testing::{check_selection, score_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
@@ -442,8 +442,9 @@ fn split_topk_changes_nothing() {
 #[test]
 fn fused_prepare_changes_nothing() {
     // The compress of a step's blocks and the preparation of its index queries run as one
-    // dispatch where the adapter allows it and the query's word kernel applies (Di = 40), else
-    // as two (a context told not to fuse; Di = 42 in f32, where the element kernel runs). Each
+    // dispatch where the adapter allows it, the query's word kernel applies (Di = 40) and the
+    // query is one workgroup (decode rows), else as two (a context told not to fuse; Di = 42
+    // in f32, where the element kernel runs; the prefill chunks here). Each
     // workgroup runs its own operator's code, so the layers must agree bit for bit, in the
     // selections and in the scores, over prefill chunks and decode rows of two sequences,
     // with the device pool in one shard or several (the fused dispatch then takes the first
@@ -497,7 +498,8 @@ fn fused_prepare_changes_nothing() {
                 if timed {
                     let stages = pollster::block_on(ix.stage_times()).unwrap().unwrap();
                     let has = |n: &str| stages.iter().any(|(name, _)| *name == n);
-                    let one = fuses && ctx.caps.fused_prepare;
+                    let rows = step[0] + step[1];
+                    let one = fuses && ctx.caps.fused_prepare && rows * cfg.hi <= FUSED_QUERY_PAIRS;
                     assert_eq!(has("compress_query"), one, "{dtype} Di {di}: {stages:?}");
                     assert_eq!(has("query"), !one, "{dtype} Di {di}: {stages:?}");
                 }

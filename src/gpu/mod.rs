@@ -89,8 +89,10 @@ pub struct Capabilities {
     /// operator's kernel, the same results): where the adapter allows
     /// [`FUSED_PREPARE_BUFFERS`] storage buffers per stage (WebGPU's default is 8), the word
     /// kernel of the query preparation applies, and unless
-    /// [`ContextOptions::disable_fused_prepare`]. A decode step's two are one workgroup each;
-    /// on lavapipe the query dispatch alone cost 0.075 ms of a 1.6 ms f32 step (docs/perf.md).
+    /// [`ContextOptions::disable_fused_prepare`]; the indexer takes it for a step whose
+    /// queries are one workgroup (decode rows, [`crate::indexer::FUSED_QUERY_PAIRS`]). A
+    /// decode step's two are one workgroup each, one core idling while the other works on a
+    /// CPU adapter (docs/perf.md, qsa-decode-128k).
     pub fused_prepare: bool,
 }
 

@@ -15,7 +15,7 @@ mod cpu;
 mod step;
 
 pub use attention::AttentionConfig;
-pub use step::StepOutputs;
+pub use step::{StepOutputs, FUSED_QUERY_PAIRS};
 
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, WordTexture};

@@ -36,6 +36,14 @@ const SPLIT_SLOTS: usize = 1 << 20;
 /// The shader of the step's compress and query preparation in one dispatch.
 const SHADER_FUSED_PREPARE: &str = "qsa_compress_query";
 
+/// The most (row, head) pairs of index queries a step prepares in its compress dispatch: one
+/// workgroup of the query kernel, which is what a decode step has (16 rows at Hi = 4). More
+/// go to their own dispatch: in the fused shader llvmpipe runs the query's workgroups at
+/// about half their speed (the kernel holds the compress's barriers, so llvmpipe compiles
+/// all of it as a coroutine), which cost an 8K prefill 9 ms (docs/perf.md), while the
+/// dispatch it saves is worth ~0.02-0.05 ms.
+pub const FUSED_QUERY_PAIRS: usize = 64;
+
 /// The params of [`SHADER_FUSED_PREPARE`]: the compress dispatch's, then the query
 /// preparation's (the shader's `FusedUniform`).
 #[repr(C)]
@@ -330,9 +338,10 @@ impl QsaIndexer {
             out: &b.q.buffer,
             flags: &b.flags.buffer,
         };
-        // The query preparation rides in the first shard's compress dispatch where it can.
-        let fuse = t > 0 && ctx.caps.fused_prepare && query_shader(c.dtype, &qp) == SHADER_VEC;
-        let mut fuse_pending = fuse;
+        // The query preparation rides in the first shard's compress dispatch where it can and
+        // is one workgroup (a decode step's rows; see FUSED_QUERY_PAIRS).
+        let can_fuse = ctx.caps.fused_prepare && query_shader(c.dtype, &qp) == SHADER_VEC;
+        let fuse = can_fuse && t > 0 && t * c.hi <= FUSED_QUERY_PAIRS;
         // The device pool holds K rows only: pages of page_size · Di elements.
         let page_stride = c.page_size * c.di;
         for (shard, pool) in self.pool_gpu.iter().enumerate() {
@@ -367,18 +376,30 @@ impl QsaIndexer {
                 block_keys: &self.keys_gpu.buffer,
                 flags: &b.flags.buffer,
             };
-            if fuse_pending {
-                let fp = FusedPrepareParams { c: cp, q: qp };
+            let fp = FusedPrepareParams { c: cp, q: qp };
+            let built = self.binds.created();
+            if fuse && shard == 0 {
                 let d = dispatch_compress_query(&ctx, c.dtype, &fp, &cb, &qb)?;
                 self.binds
-                    .record(&ctx, &mut enc, "compress_query", shard, d)
+                    .record(&ctx, &mut enc, "compress_query", 0, d)
                     .await?;
-                fuse_pending = false;
             } else {
                 let d = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
                 self.binds
                     .record(&ctx, &mut enc, "compress", shard, d)
                     .await?;
+            }
+            // Whenever one way's bind groups are built, the other's are built too, so that
+            // switching between prefill chunks (two dispatches) and decode rows (one) builds
+            // nothing.
+            if can_fuse && shard == 0 && self.binds.created() > built {
+                let fused = dispatch_compress_query(&ctx, c.dtype, &fp, &cb, &qb)?;
+                let compress = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
+                let query = dispatch_query(&ctx, c.dtype, &qp, &qb)?;
+                let binds = &mut self.binds;
+                binds.prepare(&ctx, "compress_query", 0, &fused).await?;
+                binds.prepare(&ctx, "compress", 0, &compress).await?;
+                binds.prepare(&ctx, "query", 0, &query).await?;
             }
         }
         // The texture copy of the block keys follows the rows just compressed: blocks
