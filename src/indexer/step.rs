@@ -5,8 +5,7 @@
 
 use super::{QsaIndexer, OP};
 use crate::error::{Error, Result};
-use crate::gpu::PipelineKey;
-use crate::gpu::{Context, GpuTensor, WordTexture};
+use crate::gpu::{Context, GpuTensor, PipelineKey, WordTexture};
 use crate::ops::block_score::{
     dispatch_score_tiled, rows_per_chunk, BlockScoreParams, ScoreBuffers, Tiling,
 };
@@ -14,8 +13,7 @@ use crate::ops::block_topk::{
     dispatch_topk, dispatch_topk_split, split_applies, split_scratch, wide, BlockTopkParams,
     TopkRoute, SPLIT_MAX_ROWS,
 };
-use crate::ops::common::read_checked;
-use crate::ops::common::Dispatch;
+use crate::ops::common::{read_checked, Dispatch};
 use crate::ops::qsa_compress_paged::{dispatch_compress, CompressBuffers, QsaCompressParams};
 use crate::ops::qsa_prepare_query::{
     dispatch_query, dispatch_query_with, shader as query_shader, QsaPrepareQueryParams,
