@@ -67,6 +67,19 @@ fn gpu_step(ix: &mut QsaIndexer, step: &[usize], q: &Tensor) -> TensorMap {
     pollster::block_on(out.read(&util::ctx())).unwrap()
 }
 
+/// Runs one GPU step on `ctx`'s layer and reads back its outputs and its scores (the step
+/// must fit one score chunk), for comparing two layers bit for bit.
+fn step_with_scores(ix: &mut QsaIndexer, ctx: &Context, step: &[usize], q: &Tensor) -> TensorMap {
+    let out = pollster::block_on(ix.step(step, q)).unwrap();
+    let mut got = pollster::block_on(out.read(ctx)).unwrap();
+    let scores = out.scores.as_ref().expect("one score chunk");
+    got.insert(
+        "scores".into(),
+        pollster::block_on(scores.read(ctx)).unwrap(),
+    );
+    got
+}
+
 /// Keys `[tokens, Di]` (as f32 rows) and raw queries `[tokens, Hi, Di]` of one sequence.
 fn sequence(rng: &mut Rng, cfg: &IndexerConfig, tokens: usize) -> (Vec<f32>, Tensor) {
     (
@@ -327,14 +340,6 @@ fn texture_copies_change_nothing() {
     let mut buf = layer_on(buffer_ctx.clone(), &cfg, 8, order);
     let (k0, q0) = sequence(&mut rng, &cfg, 1040);
     let (k1, q1) = sequence(&mut rng, &cfg, 36);
-    let run = |ix: &mut QsaIndexer, ctx: &Context, step: &[usize], q: &Tensor| {
-        let out = pollster::block_on(ix.step(step, q)).unwrap();
-        let mut got = pollster::block_on(out.read(ctx)).unwrap();
-        let scores = out.scores.as_ref().expect("one score chunk");
-        let s = pollster::block_on(scores.read(ctx)).unwrap();
-        got.insert("scores".into(), s);
-        got
-    };
     let mut at = [0usize; 2];
     for ix in [&mut tex, &mut buf] {
         ix.add_sequence().unwrap();
@@ -354,8 +359,8 @@ fn texture_copies_change_nothing() {
             ix.append_keys(1, &k1[at[1] * cfg.di..(at[1] + step[1]) * cfg.di])
                 .unwrap();
         }
-        let want = run(&mut buf, &buffer_ctx, &step, &qs);
-        let got = run(&mut tex, &util::ctx(), &step, &qs);
+        let want = step_with_scores(&mut buf, &buffer_ctx, &step, &qs);
+        let got = step_with_scores(&mut tex, &util::ctx(), &step, &qs);
         for name in NAMES.iter().chain(["scores"].iter()) {
             assert_eq!(got[*name], want[*name], "step {step:?} at {at:?}: {name}");
         }
@@ -396,16 +401,6 @@ fn split_topk_changes_nothing() {
         }
         pollster::block_on(ix.extend(&cached)).unwrap();
     }
-    let run = |ix: &mut QsaIndexer, ctx: &Context, step: &[usize], q: &Tensor| {
-        let out = pollster::block_on(ix.step(step, q)).unwrap();
-        let mut got = pollster::block_on(out.read(ctx)).unwrap();
-        let scores = out.scores.as_ref().expect("one score chunk");
-        got.insert(
-            "scores".into(),
-            pollster::block_on(scores.read(ctx)).unwrap(),
-        );
-        got
-    };
     let mut at = cached;
     // Decode rows of both sequences (4 score rows: split), then a step of 2 × 30 rows (120
     // score rows: one workgroup per row), then decode again.
@@ -423,9 +418,9 @@ fn split_topk_changes_nothing() {
                 ix.append_keys(s, keys).unwrap();
             }
         }
-        let want = run(&mut plain, &util::ctx(), &step, &qs);
+        let want = step_with_scores(&mut plain, &util::ctx(), &step, &qs);
         let timed = split.set_timing(true);
-        let got = run(&mut split, &split_ctx, &step, &qs);
+        let got = step_with_scores(&mut split, &split_ctx, &step, &qs);
         for name in NAMES.iter().chain(["scores"].iter()) {
             assert_eq!(got[*name], want[*name], "step {step:?} at {at:?}: {name}");
         }
@@ -488,13 +483,7 @@ fn fused_prepare_changes_nothing() {
                         .unwrap();
                 }
                 let timed = ix.set_timing(true);
-                let out = pollster::block_on(ix.step(&step, &qs)).unwrap();
-                let mut got = pollster::block_on(out.read(&ctx)).unwrap();
-                let scores = out.scores.as_ref().expect("one score chunk");
-                got.insert(
-                    "scores".into(),
-                    pollster::block_on(scores.read(&ctx)).unwrap(),
-                );
+                let got = step_with_scores(ix, &ctx, &step, &qs);
                 if timed {
                     let stages = pollster::block_on(ix.stage_times()).unwrap().unwrap();
                     let has = |n: &str| stages.iter().any(|(name, _)| *name == n);

@@ -197,6 +197,8 @@ impl Context {
             .to_lowercase()
             .contains("llvmpipe");
         let gpu = load_tuned_for_gpu(info.device_type, llvmpipe);
+        // Limits are negotiated once: everything the adapter offers.
+        let limits = adapter.limits();
         let caps = Capabilities {
             shader_f16: available.contains(wgpu::Features::SHADER_F16),
             subgroups,
@@ -210,7 +212,7 @@ impl Context {
                 && ShaderTarget::of(info.backend) != ShaderTarget::Browser,
             split_topk: opts.split_topk,
             fused_prepare: !opts.disable_fused_prepare
-                && adapter.limits().max_storage_buffers_per_shader_stage >= FUSED_PREPARE_BUFFERS,
+                && limits.max_storage_buffers_per_shader_stage >= FUSED_PREPARE_BUFFERS,
         };
         let mut required = wgpu::Features::empty();
         if caps.timestamps {
@@ -222,8 +224,6 @@ impl Context {
         if caps.wide_loads {
             required |= wgpu::Features::SHADER_INT64;
         }
-        // Limits are negotiated once: everything the adapter offers.
-        let limits = adapter.limits();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("qsa.device"),

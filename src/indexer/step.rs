@@ -375,8 +375,9 @@ impl QsaIndexer {
                 flags: &b.flags.buffer,
             };
             let fp = FusedPrepareParams { c: cp, q: qp };
+            let first = shard == 0;
             let built = self.binds.created();
-            if fuse && shard == 0 {
+            if fuse && first {
                 let d = dispatch_compress_query(&ctx, c.dtype, &fp, &cb, &qb)?;
                 self.binds
                     .record(&ctx, &mut enc, "compress_query", 0, d)
@@ -390,7 +391,7 @@ impl QsaIndexer {
             // Whenever one way's bind groups are built, the other's are built too, so that
             // switching between prefill chunks (two dispatches) and decode rows (one) builds
             // nothing.
-            if can_fuse && shard == 0 && self.binds.created() > built {
+            if can_fuse && first && self.binds.created() > built {
                 let fused = dispatch_compress_query(&ctx, c.dtype, &fp, &cb, &qb)?;
                 let compress = dispatch_compress(&ctx, c.dtype, &cp, &cb)?;
                 let query = dispatch_query(&ctx, c.dtype, &qp, &qb)?;

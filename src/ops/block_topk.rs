@@ -474,21 +474,18 @@ pub fn dispatch_topk_split<'a>(
     }
     let mut buffers = d.buffers;
     buffers.push(scratch);
-    let part = Dispatch {
-        key: PipelineKey::new(SHADER_SPLIT, "wide_part"),
+    // The one-workgroup kernel's params and buffers, then the scratch.
+    let split = |entry, groups| Dispatch {
+        key: PipelineKey::new(SHADER_SPLIT, entry),
         params: d.params,
         buffers: buffers.clone(),
         textures: vec![],
-        groups: params.rows * params.w.div_ceil(PART_W),
+        groups,
     };
-    let merge = Dispatch {
-        key: PipelineKey::new(SHADER_SPLIT, "wide_merge"),
-        params: d.params,
-        buffers,
-        textures: vec![],
-        groups: params.rows * MERGE_GROUPS,
-    };
-    Ok([part, merge])
+    Ok([
+        split("wide_part", params.rows * params.w.div_ceil(PART_W)),
+        split("wide_merge", params.rows * MERGE_GROUPS),
+    ])
 }
 
 /// Records the dispatch of [`dispatch_topk`] with a fresh bind group.

@@ -79,6 +79,14 @@ def random_pages(rng, n, pages_per_seq, spare):
     return rng.permutation(num_pages)[:n * pages_per_seq].reshape(n, pages_per_seq), num_pages
 
 
+def norm_attrs(rng, meta, p_eps, eps_values, p_offset):
+    """The RMS norm's attributes, each set with its probability (else left to its default)."""
+    if rng.random() < p_eps:
+        meta['epsilon'] = J(pick(rng, eps_values))
+    if rng.random() < p_offset:
+        meta['norm_weight_offset'] = J(pick(rng, [0.0, 1.0]))
+
+
 # ---------------------------------------------------------------- §1
 def gen_qsa_prepare(rng):
     T = pick(rng, FLOAT_TYPES)
@@ -113,10 +121,7 @@ def gen_qsa_prepare(rng):
     if rope:
         tensors['past_incomplete_rope'] = rope_state(rng, T, N, Dr)
     meta = {'op': 'qsa_prepare', 'key_block_size': J(r)}
-    if rng.random() < 0.7:
-        meta['epsilon'] = J(pick(rng, [1e-6, 1e-5, 0.1]))
-    if rng.random() < 0.6:
-        meta['norm_weight_offset'] = J(pick(rng, [0.0, 1.0]))
+    norm_attrs(rng, meta, 0.7, [1e-6, 1e-5, 0.1], 0.6)
     return tensors, meta
 
 
@@ -162,10 +167,7 @@ def gen_qsa_compress_paged(rng):
         meta['mode'] = J(mode)
     if NL > 1 or rng.random() < 0.5:
         meta['layer_idx'] = J(int(rng.integers(0, NL)))
-    if rng.random() < 0.5:
-        meta['epsilon'] = J(pick(rng, [1e-6, 1e-3]))
-    if rng.random() < 0.5:
-        meta['norm_weight_offset'] = J(pick(rng, [0.0, 1.0]))
+    norm_attrs(rng, meta, 0.5, [1e-6, 1e-3], 0.5)
     return tensors, meta
 
 
@@ -189,10 +191,7 @@ def gen_qsa_prepare_query(rng):
         tensors['freqs_cis'] = freqs_table(rng, T, rows, Dr)
         tensors['positions'] = ('I32', rng.integers(0, rows, TT))
         meta['rotary_dim'] = J(Dr)
-    if rng.random() < 0.6:
-        meta['epsilon'] = J(pick(rng, [1e-6, 1e-2]))
-    if rng.random() < 0.6:
-        meta['norm_weight_offset'] = J(pick(rng, [0.0, 1.0]))
+    norm_attrs(rng, meta, 0.6, [1e-6, 1e-2], 0.6)
     return tensors, meta
 
 
