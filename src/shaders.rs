@@ -529,16 +529,6 @@ mod tests {
             "binary search",
         ),
         (
-            "common/attention_sg.wgsl",
-            "for (var o = 1u; o < SG; o <<= 1u)",
-            "doubles to SG (<= 128)",
-        ),
-        (
-            "common/attention_sg.wgsl",
-            "for (var o = 1u; o < SG; o <<= 1u)",
-            "as above",
-        ),
-        (
             "common/attention_sg_shard.wgsl",
             "for (var i0 = sub * SG; i0 < n; i0 += subs * SG)",
             "subs * SG >= 1, n a row's entry count",

@@ -646,6 +646,37 @@ fn splits_and_their_boundaries() {
 }
 
 #[test]
+fn long_lists_stay_within_the_loop_limit() {
+    // One split of 5000 tokens for 12 and 16 heads per KV head at E = 192 (three and four head
+    // quads per lane). The subgroup pass once ran its subgroup sums and maxima as loops, which
+    // llvmpipe counts toward its 65535 loop iterations per invocation; past about 3000 tokens
+    // at four head quads it stopped early and gave a wrong output on lavapipe (the loop model
+    // counted neither). Written out, they are no loop at all.
+    let mut rng = Rng::new(5000);
+    for h in [48, 64] {
+        let s = Shape {
+            ev: 128,
+            ..shape(h, 4, 1, 192, 5000)
+        };
+        let mut d = data(&mut rng, &s, &[(5000, 1)], false);
+        set_count(&mut rng, &s, &mut d, 0, 5000, 5000);
+        let order = rng.permutation(pages(&s, &d));
+        let p = problem(&mut rng, DType::F32, &s, &d, order);
+        let want = cpu(&p.inputs(), &p.attrs).unwrap();
+        for split_len in [Some(5056), None] {
+            let run = Run {
+                split_len,
+                ..Default::default()
+            };
+            let (got, f) = run_device(&p, &run);
+            assert_eq!(f, 0);
+            compare(&got, &want, attention_tol(DType::F32))
+                .unwrap_or_else(|e| panic!("H = {h}, splits of {split_len:?}: {e}"));
+        }
+    }
+}
+
+#[test]
 fn sharded_pool_matches_one_buffer() {
     // Pages shuffled over the pool, so each row's tokens spread over the shards; up to 45
     // shards, shards that do not divide the pool, a strided multi-layer pool. Through the

@@ -129,20 +129,29 @@ fn weigh(s: vec4<f32>, m: vec4<f32>, l: vec4<f32>) -> mat4x4<f32> {
 
 // The sum over the subgroup, in every lane: a butterfly of `subgroupShuffleXor`s, each one
 // vector permute on llvmpipe, where `subgroupAdd` is a loop over the lanes through memory.
+// The steps are written out (SG <= 64, subgroup_pass), not a loop: llvmpipe counts every loop
+// iteration toward its limit of 65535 per invocation, and as a loop the sums of a long split
+// passed it (docs/operators.md, sparse_attention).
 fn sg_sum4(v: vec4<f32>) -> vec4<f32> {
     var s = v;
-    for (var o = 1u; o < SG; o <<= 1u) {
-        s += subgroupShuffleXor(s, o);
-    }
+    if (SG > 1u) { s += subgroupShuffleXor(s, 1u); }
+    if (SG > 2u) { s += subgroupShuffleXor(s, 2u); }
+    if (SG > 4u) { s += subgroupShuffleXor(s, 4u); }
+    if (SG > 8u) { s += subgroupShuffleXor(s, 8u); }
+    if (SG > 16u) { s += subgroupShuffleXor(s, 16u); }
+    if (SG > 32u) { s += subgroupShuffleXor(s, 32u); }
     return s;
 }
 
 // The maximum over the subgroup, in every lane (a butterfly as sg_sum4).
 fn sg_max4(v: vec4<f32>) -> vec4<f32> {
     var s = v;
-    for (var o = 1u; o < SG; o <<= 1u) {
-        s = max(s, subgroupShuffleXor(s, o));
-    }
+    if (SG > 1u) { s = max(s, subgroupShuffleXor(s, 1u)); }
+    if (SG > 2u) { s = max(s, subgroupShuffleXor(s, 2u)); }
+    if (SG > 4u) { s = max(s, subgroupShuffleXor(s, 4u)); }
+    if (SG > 8u) { s = max(s, subgroupShuffleXor(s, 8u)); }
+    if (SG > 16u) { s = max(s, subgroupShuffleXor(s, 16u)); }
+    if (SG > 32u) { s = max(s, subgroupShuffleXor(s, 32u)); }
     return s;
 }
 
