@@ -116,6 +116,23 @@ def attention_large(qsa):
 
 
 @check
+def attention_long_list(qsa):
+    """One decode row over a 4100-token list in order, 12 heads per KV head (48 over 4),
+    E = 192: a long split of the subgroup pass, which once stopped early at llvmpipe's loop
+    limit past about 3000 tokens at this head count."""
+    rng = np.random.default_rng(103)
+    n, T = 4100, 'F32'
+    TI = np.full((1, 1, n), -1)
+    TI[0, 0, :] = np.arange(n)
+    t = {'query': (T, rnd(rng, T, (1, 48, 192))),
+         'kv_blocks': (T, rnd(rng, T, (33, 2, 1, 128, 4, 192))),
+         'page_table': ('U32', rng.permutation(33).reshape(1, 33)),
+         'row_offsets': ('U32', np.array([0, 1])), 'cache_lengths': ('U32', np.array([n - 1])),
+         'token_indices': ('I32', TI), 'token_count': ('I32', np.array([[n]]))}
+    yield check_valid(qsa, 'large_attention_long_list', t, {'op': 'sparse_attention'})
+
+
+@check
 def nsa_large(qsa):
     """The Ascend geometry: Dqk = 192, Dv = 128, l = 32, d = 16, l' = 64, k = 16."""
     yield check_valid(qsa, 'large_nsa_tnd', *nsa_case(
