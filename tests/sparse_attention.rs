@@ -647,13 +647,14 @@ fn splits_and_their_boundaries() {
 
 #[test]
 fn long_lists_stay_within_the_loop_limit() {
-    // One split of 5000 tokens for 12 and 16 heads per KV head at E = 192 (three and four head
-    // quads per lane). The subgroup pass once ran its subgroup sums and maxima as loops, which
-    // llvmpipe counts toward its 65535 loop iterations per invocation; past about 3000 tokens
-    // at four head quads it stopped early and gave a wrong output on lavapipe (the loop model
-    // counted neither). Written out, they are no loop at all.
+    // One split of 5000 tokens for 12 and 15 heads per KV head at E = 192 (three and four head
+    // quads per lane; 15 is heads_per_pass(192)). The subgroup pass once ran its subgroup sums
+    // and maxima as loops, which llvmpipe counts toward its 65535 loop iterations per
+    // invocation; past about 3000 tokens at four head quads it stopped early and gave a wrong
+    // output on lavapipe (the loop model counted neither). Written out, they are no loop at all.
     let mut rng = Rng::new(5000);
-    for h in [48, 64] {
+    assert_eq!(heads_per_pass(192), 15);
+    for h in [48, 60] {
         let s = Shape {
             ev: 128,
             ..shape(h, 4, 1, 192, 5000)
