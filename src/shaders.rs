@@ -26,6 +26,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/qsa_prepare_query.wgsl"),
     ),
     (
+        "common/word16.wgsl",
+        include_str!("../shaders/common/word16.wgsl"),
+    ),
+    (
         "common/qsa_prepare_query_words.wgsl",
         include_str!("../shaders/common/qsa_prepare_query_words.wgsl"),
     ),

@@ -9,6 +9,7 @@ mod util;
 
 use qsa_wgpu::gpu::Context;
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer, FUSED_QUERY_PAIRS};
+use qsa_wgpu::ops::qsa_prepare_query::{shader as query_shader, QsaPrepareQueryParams, SHADER_VEC};
 use qsa_wgpu::ops::TensorMap;
 use qsa_wgpu::testing::{check_selection, score_tol, Rng};
 use qsa_wgpu::{DType, Tensor};
@@ -459,8 +460,14 @@ fn fused_prepare_changes_nothing() {
             pool_shard_pages: shard_pages,
             ..config(dtype, 2, 8)
         };
-        let per_word = 16 / dtype.size();
-        let words = di.is_multiple_of(per_word) && cfg.dr.is_multiple_of(2 * per_word);
+        // The fused dispatch runs the query's word kernel only, where the layer's step picks it.
+        let qp = QsaPrepareQueryParams {
+            di: di as u32,
+            dr: cfg.dr as u32,
+            rope_mode: 2,
+            ..Default::default()
+        };
+        let words = query_shader(dtype, &qp) == SHADER_VEC;
         let fuses = util::ctx().caps.fused_prepare && words;
         let order = rng.permutation(pages(&cfg));
         let mut fused = layer(&cfg, 4, order.clone());

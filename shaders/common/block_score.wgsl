@@ -1,6 +1,7 @@
 // The block_score kernels (see block_score.wgsl), whatever holds the block keys.
 
 //#include common/dtype.wgsl
+//#include common/word16.wgsl
 //#include common/flags.wgsl
 
 // 1: every row starts on a 16-byte word; 0: element loads.
@@ -34,21 +35,8 @@ const TR: u32 = 24u;         // row_tiles: rows per workgroup (and per invocatio
 const BI: u32 = 16u;         // blocks per invocation
 const TB: u32 = 1024u;       // blocks per workgroup: 64 invocations · BI
 
-// One 16-byte word of a row: 4 f32 channels (in lo), or 8 f16/bf16 channels split into the
-// even ones (lo) and the odd ones (hi). Queries and keys split alike, so the dot product of
-// two chunks is lo·lo + hi·hi.
-struct Chunk {
-    lo: vec4<f32>,
-    hi: vec4<f32>,
-}
-
-// Channels per chunk.
-fn chunk_len() -> u32 {
-    if (T_KIND == 0u) {
-        return 4u;
-    }
-    return 8u;
-}
+// A chunk is one 16-byte word of a row (common/word16.wgsl): queries and keys split alike, so
+// the dot product of two chunks is lo·lo + hi·hi.
 
 // Chunks per row.
 fn chunks_per_row() -> u32 {
@@ -93,13 +81,6 @@ fn row_chunk(off: u32, c: u32, keys: bool) -> Chunk {
 }
 
 // The channels of one 16-byte word of a row.
-fn word_chunk(w: vec4<u32>) -> Chunk {
-    if (T_KIND == 0u) {
-        return Chunk(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
-    }
-    return Chunk(t_low4(w), t_high4(w));
-}
-
 fn q_chunk(off: u32, c: u32) -> Chunk {
     return row_chunk(off, c, false);
 }
