@@ -17,15 +17,14 @@
 @group(0) @binding(6) var<storage, read> key8: array<vec4<u64>>;    // the same, 32 bytes a load
 @group(0) @binding(7) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 
-// Channels c … c + 15 of the K row at element rb: two 32-byte words (f32) or one (16-bit T).
-fn key16(rb: u32, c: u32) -> array<vec4<f32>, 4> {
-    if (T_KIND == 0u) {
-        let e = (rb + c) / 8u;
-        let a = words(key8[e]);
-        let b = words(key8[e + 1u]);
-        return live4(c, bitcast<vec4<f32>>(a[0]), bitcast<vec4<f32>>(a[1]),
-                     bitcast<vec4<f32>>(b[0]), bitcast<vec4<f32>>(b[1]));
-    }
+// Channels c … c + 7 of an f32 K row at element rb: one 32-byte word.
+fn f32_key8(rb: u32, c: u32) -> array<vec4<f32>, 2> {
+    let a = words(key8[(rb + c) / 8u]);
+    return live2(c, bitcast<vec4<f32>>(a[0]), bitcast<vec4<f32>>(a[1]));
+}
+
+// Channels c … c + 15 of a 16-bit K row at element rb: one 32-byte word.
+fn half_key16(rb: u32, c: u32) -> array<vec4<f32>, 4> {
     let a = words(key8[(rb + c) / 16u]);
     return live4(c, lo4(a[0]), hi4(a[0]), lo4(a[1]), hi4(a[1]));
 }

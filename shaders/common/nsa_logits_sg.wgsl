@@ -1,15 +1,24 @@
 // The subgroup variant of nsa_compress_attention's logits stage (SPEC §8.1): its entry point
 // and query handling, shared by nsa_compress_attention_sg.wgsl (K rows read in 16-byte words)
-// and nsa_compress_attention_sg_w32.wgsl (32-byte words), which declare the bindings and
-// `key16(rb, c)`: channels c … c + 15 of the K row at element rb as four quads, zero past Dqk
-// (live4). What the kernel does is described at the top of nsa_compress_attention_sg.wgsl.
+// and nsa_compress_attention_sg_w32.wgsl (32-byte words), which declare the bindings and the
+// K row loads: `f32_key8(rb, c)`, channels c … c + 7 of an f32 K row at element rb as two
+// quads, and `half_key16(rb, c)`, channels c … c + 15 of a 16-bit one as four, each quad zero
+// from Dqk on (live2, live4). What the kernel does is described at the top of
+// nsa_compress_attention_sg.wgsl.
 
-const CC: u32 = 32u;  // query channels per chunk
+// Query channels per chunk: one 32-byte word of a K row, 8 f32 or 16 16-bit channels. Each
+// visit of a row then reads one word, and the chunk's queries (8 or 16 mat4x4 per lane) stay a
+// small part of the core's L1 with the 16 rows' words: with 32-channel chunks (128 bytes of an
+// f32 row per visit, 16 KiB of queries per SIMD vector) the f32 stage took 6.9–7.1 ms against
+// 5.5 on lavapipe (docs/perf.md, nsa-decode).
+fn chunk_len() -> u32 {
+    return select(16u, 8u, T_KIND == 0u);
+}
 
-
-// Channels 4s … 4s + 3 of the chunk for the 16 heads: m[4s + i][h / 4][h % 4].
+// Channels 4s … 4s + 3 of the chunk for the 16 heads: m[4s + i][h / 4][h % 4] (f32 uses the
+// first 8).
 struct Chunk {
-    m: array<mat4x4<f32>, 32>,
+    m: array<mat4x4<f32>, 16>,
 }
 
 // The current chunk's queries (load_chunk), read by acc8.
@@ -65,34 +74,30 @@ fn q8(e: u32, c: u32, live: bool) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(lo, hi);
 }
 
-// The chunk of channels c0 … c0 + 31 for the 16 heads of the part (zero past nh or Dqk).
-fn load_chunk(ea: u32, eb: u32, la: bool, lb: bool, c0: u32) -> Chunk {
-    var q = Chunk();
+// The chunk of channels c0 … c0 + chunk_len() − 1 for the 16 heads of the part (zero past nh
+// or Dqk), into qc.
+fn load_chunk(ea: u32, eb: u32, la: bool, lb: bool, c0: u32) {
     let a0 = q8(ea, c0, la);
     let b0 = q8(eb, c0, lb);
-    let a1 = q8(ea, c0 + 8u, la);
-    let b1 = q8(eb, c0 + 8u, lb);
-    let a2 = q8(ea, c0 + 16u, la);
-    let b2 = q8(eb, c0 + 16u, lb);
-    let a3 = q8(ea, c0 + 24u, la);
-    let b3 = q8(eb, c0 + 24u, lb);
     let s0 = spread(a0[0], b0[0]);
     let s1 = spread(a0[1], b0[1]);
-    let s2 = spread(a1[0], b1[0]);
-    let s3 = spread(a1[1], b1[1]);
-    let s4 = spread(a2[0], b2[0]);
-    let s5 = spread(a2[1], b2[1]);
-    let s6 = spread(a3[0], b3[0]);
-    let s7 = spread(a3[1], b3[1]);
-    q.m[0] = s0[0]; q.m[1] = s0[1]; q.m[2] = s0[2]; q.m[3] = s0[3];
-    q.m[4] = s1[0]; q.m[5] = s1[1]; q.m[6] = s1[2]; q.m[7] = s1[3];
-    q.m[8] = s2[0]; q.m[9] = s2[1]; q.m[10] = s2[2]; q.m[11] = s2[3];
-    q.m[12] = s3[0]; q.m[13] = s3[1]; q.m[14] = s3[2]; q.m[15] = s3[3];
-    q.m[16] = s4[0]; q.m[17] = s4[1]; q.m[18] = s4[2]; q.m[19] = s4[3];
-    q.m[20] = s5[0]; q.m[21] = s5[1]; q.m[22] = s5[2]; q.m[23] = s5[3];
-    q.m[24] = s6[0]; q.m[25] = s6[1]; q.m[26] = s6[2]; q.m[27] = s6[3];
-    q.m[28] = s7[0]; q.m[29] = s7[1]; q.m[30] = s7[2]; q.m[31] = s7[3];
-    return q;
+    qc.m[0] = s0[0]; qc.m[1] = s0[1]; qc.m[2] = s0[2]; qc.m[3] = s0[3];
+    qc.m[4] = s1[0]; qc.m[5] = s1[1]; qc.m[6] = s1[2]; qc.m[7] = s1[3];
+    if (T_KIND != 0u) {
+        let a1 = q8(ea, c0 + 8u, la);
+        let b1 = q8(eb, c0 + 8u, lb);
+        let s2 = spread(a1[0], b1[0]);
+        let s3 = spread(a1[1], b1[1]);
+        qc.m[8] = s2[0]; qc.m[9] = s2[1]; qc.m[10] = s2[2]; qc.m[11] = s2[3];
+        qc.m[12] = s3[0]; qc.m[13] = s3[1]; qc.m[14] = s3[2]; qc.m[15] = s3[3];
+    }
+}
+
+// Channels c … c + 7 as quads k0, k1, each zero where it starts at or past Dqk (the words there
+// belong to the next head or row, and 0 · inf would be NaN).
+fn live2(c: u32, k0: vec4<f32>, k1: vec4<f32>) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(select(vec4<f32>(), k0, c < P.dqk),
+                               select(vec4<f32>(), k1, c + 4u < P.dqk));
 }
 
 // Channels c … c + 15 as quads k0 … k3, each zero where it starts at or past Dqk (the words
@@ -112,12 +117,13 @@ fn acc8(a: mat4x4<f32>, i: u32, k0: vec4<f32>, k1: vec4<f32>) -> mat4x4<f32> {
 
 // One token's dot products over the chunk (K row at element rb), added to a.
 fn dots(a: mat4x4<f32>, rb: u32, c0: u32) -> mat4x4<f32> {
-    let k0 = key16(rb, c0);
-    var r = acc8(a, 0u, k0[0], k0[1]);
-    r = acc8(r, 8u, k0[2], k0[3]);
-    let k1 = key16(rb, c0 + 16u);
-    r = acc8(r, 16u, k1[0], k1[1]);
-    return acc8(r, 24u, k1[2], k1[3]);
+    if (T_KIND == 0u) {
+        let k = f32_key8(rb, c0);
+        return acc8(a, 0u, k[0], k[1]);
+    }
+    let k = half_key16(rb, c0);
+    let r = acc8(a, 0u, k[0], k[1]);
+    return acc8(r, 8u, k[2], k[3]);
 }
 
 @compute @workgroup_size(64)
@@ -161,8 +167,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var a13 = mat4x4<f32>();
     var a14 = mat4x4<f32>();
     var a15 = mat4x4<f32>();
-    for (var c0 = 0u; c0 < P.dqk; c0 += CC) {
-        qc = load_chunk(ea, eb, la, lb, c0);
+    let cl = chunk_len();
+    for (var ci = 0u; ci < (P.dqk + cl - 1u) / cl; ci++) {
+        let c0 = ci * cl;
+        load_chunk(ea, eb, la, lb, c0);
         a0 = dots(a0, rb[0], c0);
         a1 = dots(a1, rb[1], c0);
         a2 = dots(a2, rb[2], c0);

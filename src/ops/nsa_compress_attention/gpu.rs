@@ -473,9 +473,10 @@ pub const LOGITS_SG: &str = "nsa_compress_attention_sg";
 
 /// Whether the logits stage runs its subgroup variant: on adapters whose subgroups are all
 /// 8 lanes (lavapipe at 256-bit SIMD), where K and query rows start on 16-byte boundaries
-/// (`k16`: Dqk · sizeof(T) a multiple of 16). It reads the queries once per 32 channels and
-/// hands them to every lane by `subgroupBroadcast`, where the portable kernel reads them from
-/// workgroup memory for every four channels.
+/// (`k16`: Dqk · sizeof(T) a multiple of 16). It reads the queries once per chunk of as many
+/// channels as a 32-byte word of K holds (8 f32, 16 16-bit) and hands them to every lane by
+/// `subgroupBroadcast`, where the portable kernel reads them from workgroup memory for every
+/// four channels.
 pub fn logits_subgroup_pass(size: Option<u32>, k16: bool) -> bool {
     size == Some(8) && k16
 }
