@@ -80,7 +80,7 @@ fn row_chunk(off: u32, c: u32, keys: bool) -> Chunk {
     return word_chunk(word(off / chunk_len() + c, keys));
 }
 
-// The channels of one 16-byte word of a row.
+// Chunk c of the query row or the key row at element off.
 fn q_chunk(off: u32, c: u32) -> Chunk {
     return row_chunk(off, c, false);
 }

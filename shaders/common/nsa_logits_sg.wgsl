@@ -11,7 +11,7 @@
 // small part of the core's L1 with the 16 rows' words: with 32-channel chunks (128 bytes of an
 // f32 row per visit, 16 KiB of queries per SIMD vector) the f32 stage took 6.9–7.1 ms against
 // 5.5 on lavapipe (docs/perf.md, nsa-decode).
-fn chunk_len() -> u32 {
+fn query_chunk_len() -> u32 {
     return select(16u, 8u, T_KIND == 0u);
 }
 
@@ -74,8 +74,8 @@ fn q8(e: u32, c: u32, live: bool) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(lo, hi);
 }
 
-// The chunk of channels c0 … c0 + chunk_len() − 1 for the 16 heads of the part (zero past nh
-// or Dqk), into qc.
+// The chunk of channels c0 … c0 + query_chunk_len() − 1 for the 16 heads of the part (zero
+// past nh or Dqk), into qc.
 fn load_chunk(ea: u32, eb: u32, la: bool, lb: bool, c0: u32) {
     let a0 = q8(ea, c0, la);
     let b0 = q8(eb, c0, lb);
@@ -167,8 +167,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var a13 = mat4x4<f32>();
     var a14 = mat4x4<f32>();
     var a15 = mat4x4<f32>();
-    let cl = chunk_len();
-    for (var ci = 0u; ci < (P.dqk + cl - 1u) / cl; ci++) {
+    let cl = query_chunk_len();
+    let chunks = (P.dqk + cl - 1u) / cl;
+    for (var ci = 0u; ci < chunks; ci++) {
         let c0 = ci * cl;
         load_chunk(ea, eb, la, lb, c0);
         a0 = dots(a0, rb[0], c0);
