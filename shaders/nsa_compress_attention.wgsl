@@ -1,5 +1,5 @@
 // nsa_compress_attention (SPEC §8.1), stage 1 of 3: the logits. One workgroup per (query row
-// r, KV head, chunk of 16 query heads, split of S1 = 1024 compressed tokens). Invocation lid
+// r, KV head, chunk of 16 query heads, split of P.split1 = 1024 compressed tokens). Invocation lid
 // owns the 16 tokens lo + lid + 64·t of the split and keeps their 16 heads' dot products in
 // 16 mat4x4 accumulators (column h / 4, row h % 4), so each K row is read once for all the
 // chunk's heads and each query value staged in workgroup memory serves 16 tokens. The query
@@ -19,6 +19,7 @@
 //#include common/flags.wgsl
 //#include common/nsa_attention.wgsl
 //#include common/nsa_logits.wgsl
+//#include common/nsa_logits_stage.wgsl
 
 @group(0) @binding(4) var<storage, read> query: array<u32>;       // [R, N1, Dqk] T
 @group(0) @binding(5) var<storage, read> key: array<u32>;         // [num_blocks, page, N2·Dqk] T
@@ -29,21 +30,6 @@
 // bound to the key buffer; 0: key4 is a dummy. A specialisation constant, so that each
 // pipeline holds one inner loop.
 override BY16: u32 = 0u;
-
-// bf16 (exact in half the loads): qh[2c + h / 8][(h % 8) / 2] holds q of heads h, h + 1 (h even).
-var<workgroup> qh: array<vec4<u32>, 2u * DC>;
-
-fn ld_q(i: u32) -> f32 { return t_load(query[t_word(i)], i); }
-fn ld_k(i: u32) -> f32 { return t_load(key[t_word(i)], i); }
-// The 16 bits of element i of a 16-bit T query.
-fn q_bits(i: u32) -> u32 { return (query[i >> 1u] >> (16u * (i & 1u))) & 0xffffu; }
-
-// The 16 heads of channel c staged as bf16 pairs.
-fn q_bf16(c: u32) -> mat4x4<f32> {
-    let w0 = qh[2u * c];
-    let w1 = qh[2u * c + 1u];
-    return mat4x4<f32>(lo4(w0), hi4(w0), lo4(w1), hi4(w1));
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -84,27 +70,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var c0 = 0u; c0 < P.dqk; c0 += DC) {
         let dc = min(DC, P.dqk - c0);
         workgroupBarrier();
-        if (BY16 == 1u && T_KIND == 2u) {
-            for (var i = lid; i < HC / 2u * dc; i += WG) {
-                let c = i / (HC / 2u);
-                let hh = 2u * (i % (HC / 2u));
-                let e = (r * P.n1 + h0 + hh) * P.dqk + c0 + c;
-                var v = 0u;
-                if (hh < nh) { v = q_bits(e); }
-                if (hh + 1u < nh) { v |= q_bits(e + P.dqk) << 16u; }
-                qh[2u * c + hh / 8u][(hh % 8u) / 2u] = v;
-            }
-        } else {
-            for (var i = lid; i < HC * dc; i += WG) {
-                let c = i / HC;
-                let hh = i % HC;
-                var v = 0.0;
-                if (hh < nh) {
-                    v = ld_q((r * P.n1 + h0 + hh) * P.dqk + c0 + c);
-                }
-                qs[c][hh / 4u][hh % 4u] = v;
-            }
-        }
+        stage_query(lid, WG, r, h0, nh, c0, dc, BY16 == 1u);
         workgroupBarrier();
         if (BY16 == 1u && T_KIND == 0u) {
             // f32: four channels per 16-byte load.

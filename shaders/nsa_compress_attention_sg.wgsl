@@ -1,7 +1,7 @@
 // nsa_compress_attention (SPEC §8.1), stage 1 of 3, subgroup variant: the logits of
 // nsa_compress_attention.wgsl for adapters whose subgroups are 8 lanes, where K rows and query
 // rows start on 16-byte boundaries (BY16 there). Same bindings, same workgroup split (one per
-// query row r, KV head, chunk of 16 query heads, split of S1 = 1024 compressed tokens), same
+// query row r, KV head, chunk of 16 query heads, split of P.split1 = 1024 compressed tokens), same
 // token ownership (invocation lid: tokens lo + lid + 64·t, t < 16) and the same outputs: the
 // logits and each split's max and sum of exp per head, which stage 2 merges.
 //

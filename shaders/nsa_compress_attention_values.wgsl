@@ -79,7 +79,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let nt = min(TILE, w.hi - t0);
             workgroupBarrier();
             // 2. Probabilities of the tile's tokens.
-            tile_probs(lid, t0, nt, rk, w.kv, w.b, hc, nq, g, st);
+            tile_probs(lid, t0, nt, rk, w.kv, w.b, hc, nq, g, st, true);
             workgroupBarrier();
             // 3. round_T(P)·V over this invocation's part of the tile. Channel groups past Dv
             // read the row's last group and are dropped.

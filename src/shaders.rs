@@ -62,6 +62,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/nsa_logits_sg.wgsl"),
     ),
     (
+        "common/nsa_logits_stage.wgsl",
+        include_str!("../shaders/common/nsa_logits_stage.wgsl"),
+    ),
+    (
         "common/wide.wgsl",
         include_str!("../shaders/common/wide.wgsl"),
     ),
@@ -166,8 +170,16 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/nsa_compress_attention_sg_w32.wgsl"),
     ),
     (
+        "nsa_compress_attention_gpu.wgsl",
+        include_str!("../shaders/nsa_compress_attention_gpu.wgsl"),
+    ),
+    (
         "nsa_compress_attention_values.wgsl",
         include_str!("../shaders/nsa_compress_attention_values.wgsl"),
+    ),
+    (
+        "nsa_compress_attention_values_gpu.wgsl",
+        include_str!("../shaders/nsa_compress_attention_values_gpu.wgsl"),
     ),
     (
         "nsa_compress_attention_values_sg.wgsl",
@@ -576,6 +588,16 @@ mod tests {
             "common/nsa_attention.wgsl",
             "while (hi - b > 1u)",
             "binary search",
+        ),
+        (
+            "common/nsa_logits_stage.wgsl",
+            "for (var i = lid; i < HC / 2u * dc; i += lanes)",
+            "lanes is the workgroup's size (WG or GWG, >= 1)",
+        ),
+        (
+            "common/nsa_logits_stage.wgsl",
+            "for (var i = lid; i < HC * dc; i += lanes)",
+            "as above",
         ),
         (
             "common/nsa_values_sg.wgsl",

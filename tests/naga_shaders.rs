@@ -261,7 +261,7 @@ fn params_structs_match_wgsl_layout() {
         "NsaCompressAttentionParams",
         [
             rows, batches, seq, n1, n2, dqk, dv, page, num_blocks, max_blocks, l, d, lsel, k,
-            c_max, w, causal, scale, split2, _pad1
+            c_max, w, causal, scale, split2, split1
         ]
     );
     // The three stages of sparse_attention include one struct (common/attention.wgsl).

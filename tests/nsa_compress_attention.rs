@@ -3,15 +3,15 @@
 //! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
 //! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows,
 //! lengths around the GPU's split and tile sizes, and every stage-2 split; the subgroup variants
-//! of the logits and values stages against the portable kernels.
+//! of the logits and values stages against the portable kernels; the GPU-shaped kernels.
 
 mod util;
 
 use qsa_wgpu::gpu::{Context, ContextOptions};
 use qsa_wgpu::ops::nsa_compress_attention::NsaCompressAttentionParams;
 use qsa_wgpu::ops::nsa_compress_attention::{
-    logits_subgroup_pass, nsel, values_subgroup_pass, Layout, LOGITS_SG, LOGITS_SG_W32, VALUES_SG,
-    VALUES_SG_W32,
+    logits_subgroup_pass, nsel, values_subgroup_pass, Layout, LOGITS_GPU, LOGITS_SG, LOGITS_SG_W32,
+    VALUES_GPU, VALUES_SG, VALUES_SG_W32,
 };
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::DType;
@@ -463,5 +463,174 @@ fn stage2_splits_agree() {
             .unwrap_err()
             .to_string();
         assert!(err.contains("split2 = 1024"), "{err}");
+    }
+}
+
+#[test]
+fn gpu_shaped_kernels_match_cpu() {
+    // The GPU-shaped logits and values kernels (a context that asks for them) against the CPU:
+    // every storage type; K and V rows read 16 bytes at a time and element by element; lengths
+    // around their splits (256 tokens a logits workgroup; a values workgroup per part of 2048,
+    // 4096 or 8192 tokens) and c = 1; G = 1, 5, 16 and 128 (eight head chunks); Dqk = 136 (two
+    // staging rounds); Dv from 8 (64 parts a split) to 300 and 512 (two blocks of 256
+    // channels); a causal step whose rows see part of the cache; BSND padding rows; every
+    // stage-2 split. The default context never builds them.
+    use qsa_wgpu::ops::nsa_compress_attention::{split1_for, SPLIT1, SPLIT1_GPU, SPLITS2};
+    let ctx = util::gpu_nsa_ctx();
+    assert!(ctx.caps.gpu_nsa, "{}", ctx.describe());
+    assert_eq!(split1_for(&ctx), SPLIT1_GPU);
+    let mut rng = Rng::new(0x69);
+    struct Case {
+        dt: DType,
+        layout: Layout,
+        heads: (usize, usize),
+        dims: (usize, usize),
+        page: usize,
+        q_len: &'static [usize],
+        cmp: &'static [usize],
+        causal: bool,
+    }
+    let cases = [
+        // The paper's group; c = 1, just past a logits split, just past a values split.
+        Case {
+            dt: DType::F32,
+            layout: TND,
+            heads: (32, 2),
+            dims: (192, 128),
+            page: 64,
+            q_len: &[2, 1, 1],
+            cmp: &[1, 257, 2049],
+            causal: false,
+        },
+        Case {
+            dt: DType::BF16,
+            layout: TND,
+            heads: (64, 4),
+            dims: (192, 128),
+            page: 128,
+            q_len: &[1],
+            cmp: &[1300],
+            causal: true,
+        },
+        // G = 128 (eight head chunks), rows that see part of the cache.
+        Case {
+            dt: DType::BF16,
+            layout: TND,
+            heads: (128, 1),
+            dims: (8, 8),
+            page: 128,
+            q_len: &[2],
+            cmp: &[600],
+            causal: true,
+        },
+        // G = 1, f16 rows read element by element (Dqk = 20, Dv = 10), BSND padding.
+        Case {
+            dt: DType::F16,
+            layout: BSND,
+            heads: (3, 3),
+            dims: (20, 10),
+            page: 7,
+            q_len: &[16, 3],
+            cmp: &[300, 40],
+            causal: true,
+        },
+        // Dqk = 136 staged in two rounds, Dv = 300 in two blocks, one token short of a split.
+        Case {
+            dt: DType::BF16,
+            layout: BSND,
+            heads: (10, 2),
+            dims: (136, 300),
+            page: 64,
+            q_len: &[1, 2],
+            cmp: &[255, 511],
+            causal: false,
+        },
+        // Dv = 512 (two parts a split), f32 rows read element by element (Dqk = 33).
+        Case {
+            dt: DType::F32,
+            layout: TND,
+            heads: (16, 1),
+            dims: (33, 512),
+            page: 16,
+            q_len: &[1],
+            cmp: &[700],
+            causal: true,
+        },
+    ];
+    for c in cases {
+        let min_nsel = c.cmp.iter().map(|&n| nsel(n, 32, 16, 64)).min().unwrap();
+        let geo = Geo {
+            dt: c.dt,
+            layout: c.layout,
+            n1: c.heads.0,
+            n2: c.heads.1,
+            dqk: c.dims.0,
+            dv: c.dims.1,
+            page: c.page,
+            l: 32,
+            d: 16,
+            lsel: 64,
+            k: min_nsel.min(16),
+            causal: c.causal,
+        };
+        let sel: Vec<usize> = c.cmp.iter().map(|&n| (n - 1) * 16 + 32 + 1).collect();
+        let what = format!("{geo:?} q_len={:?} cmp={:?}", c.q_len, c.cmp);
+        let p = Problem::new(&mut rng, geo, c.q_len, c.cmp, &sel);
+        check(&ctx, &p, &what);
+    }
+    // Every stage-2 split, lengths just past each.
+    let mut geo = paper(DType::F32, TND);
+    (geo.n1, geo.n2, geo.k) = (32, 2, 16);
+    let cmp = [2049, 4100];
+    let sel: Vec<usize> = cmp.iter().map(|&c| (c - 1) * 16 + 32).collect();
+    let p = Problem::new(&mut rng, geo, &[1, 1], &cmp, &sel);
+    for split in SPLITS2 {
+        check_split(&ctx, &p, &format!("split {split}"), Some(split));
+    }
+    assert!(ctx.cache.built(LOGITS_GPU) && ctx.cache.built(VALUES_GPU));
+    let plain = util::ctx();
+    assert!(!plain.caps.gpu_nsa);
+    assert_eq!(split1_for(&plain), SPLIT1);
+    assert!(!plain.cache.built(LOGITS_GPU) && !plain.cache.built(VALUES_GPU));
+}
+
+#[test]
+fn a_split1_the_kernels_do_not_take_is_refused() {
+    // Parameters made for one context's logits kernel, recorded on the other's: refused before
+    // anything runs, naming the split.
+    use qsa_wgpu::gpu::GpuTensor;
+    use qsa_wgpu::ops::nsa_compress_attention::{
+        dispatch_nsa_compress_attention, validate, NsaAttnTensors, SPLIT1, SPLIT1_GPU,
+    };
+    let mut rng = Rng::new(0x6a);
+    let mut geo = paper(DType::F32, TND);
+    (geo.n1, geo.n2, geo.k) = (16, 1, 4);
+    let p = Problem::new(&mut rng, geo, &[1], &[300], &[299 * 16 + 32]);
+    for (ctx, wrong) in [(util::ctx(), SPLIT1_GPU), (util::gpu_nsa_ctx(), SPLIT1)] {
+        let plan = validate(&p.inputs(), &p.attrs()).unwrap();
+        let mut prm = plan.params().for_adapter(&ctx);
+        prm.split1 = wrong;
+        let t = NsaAttnTensors::new(&ctx, &plan, false).unwrap();
+        let up = |t: &qsa_wgpu::Tensor| GpuTensor::upload(&ctx, "t", t).unwrap();
+        let (q, k, v, bt) = (up(&p.query), up(&p.key), up(&p.value), up(&p.block_table));
+        let lens = up(&qsa_wgpu::Tensor::from_u32(&[4], &[0; 4]));
+        let flags = up(&qsa_wgpu::Tensor::from_u32(&[1], &[0]));
+        let b = t.buffers(
+            &q.buffer,
+            &k.buffer,
+            &v.buffer,
+            &bt.buffer,
+            &lens.buffer,
+            &flags.buffer,
+        );
+        let sel = prm.topk_params();
+        let err = match dispatch_nsa_compress_attention(&ctx, plan.dt, &prm, &sel, &b) {
+            Ok(_) => panic!("split1 = {wrong} was taken"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains(&format!("split1 = {wrong}")) && err.contains("nsa_compress_attention"),
+            "{err}"
+        );
     }
 }

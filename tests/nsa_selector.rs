@@ -3,7 +3,7 @@
 //! 1- and 4-token steps, an idle slot, shuffled raw pages and compressed blocks); after the
 //! first step no bind group is built; the compressed caches it writes equal `nsa_compress`
 //! over each whole sequence; token-by-token decoding equals one 16-token step; the paper's
-//! geometry; bad steps are refused.
+//! geometry; the GPU-shaped compressed-attention kernels; bad steps are refused.
 
 mod util;
 
@@ -37,6 +37,15 @@ fn config(dtype: DType) -> NsaConfig {
 }
 
 fn layer(cfg: &NsaConfig, rng: &mut Rng, shuffled: bool) -> NsaSelector {
+    layer_on(util::ctx(), cfg, rng, shuffled)
+}
+
+fn layer_on(
+    ctx: std::sync::Arc<qsa_wgpu::gpu::Context>,
+    cfg: &NsaConfig,
+    rng: &mut Rng,
+    shuffled: bool,
+) -> NsaSelector {
     let pages = cfg.max_seqs * cfg.max_pages() + 1;
     let blocks = cfg.max_seqs * cfg.max_cmp_blocks() + 1;
     let order = |rng: &mut Rng, n: usize| {
@@ -49,7 +58,7 @@ fn layer(cfg: &NsaConfig, rng: &mut Rng, shuffled: bool) -> NsaSelector {
     let (po, bo) = (order(rng, pages), order(rng, blocks));
     let w_k = rng.tensor(cfg.dtype, &[cfg.l, cfg.n2]);
     let w_v = rng.tensor(cfg.dtype, &[cfg.l, cfg.n2]);
-    NsaSelector::new(util::ctx(), cfg.clone(), w_k, w_v, po, bo).unwrap()
+    NsaSelector::new(ctx, cfg.clone(), w_k, w_v, po, bo).unwrap()
 }
 
 /// Random raw K and V rows of `n` tokens.
@@ -291,6 +300,39 @@ fn paper_geometry() {
         assert_eq!(t[t.len() - 16..][..3], [0, 15, 16]);
         assert_eq!(got["out"].shape, vec![step.iter().sum(), 64, 128]);
     }
+}
+
+#[test]
+fn gpu_shaped_kernels_step() {
+    // The selector on a context that runs the GPU-shaped logits and values kernels: the paper's
+    // group over two sequences of over 256 compressed tokens (two logits workgroups), decode
+    // and 4-token steps equal the CPU step.
+    let ctx = util::gpu_nsa_ctx();
+    let mut rng = Rng::new(57);
+    let dt = DType::BF16;
+    let mut cfg = NsaConfig::paper(dt, 4500, 2);
+    cfg.page_size = 64;
+    cfg.cmp_page_size = 16;
+    let mut sel = layer_on(ctx.clone(), &cfg, &mut rng, true);
+    sel.add_sequence().unwrap();
+    sel.add_sequence().unwrap();
+    let prefill = [1500, 4200];
+    let toks: Vec<_> = prefill.iter().map(|&n| kv(&mut rng, &cfg, n)).collect();
+    append(&mut sel, &toks);
+    pollster::block_on(sel.extend(&prefill)).unwrap();
+    sel.extend_cpu(&prefill).unwrap();
+    for step in [[1, 1], [4, 1]] {
+        let toks: Vec<_> = step.iter().map(|&n| kv(&mut rng, &cfg, n)).collect();
+        append(&mut sel, &toks);
+        let q = rng.tensor(dt, &[step.iter().sum(), 64, 192]);
+        let out = pollster::block_on(sel.step(&step, &q)).unwrap();
+        let got = pollster::block_on(out.read(&ctx)).unwrap();
+        let want = sel.step_cpu(&step, &q).unwrap();
+        check_step(&sel, &step, &q, &got, &want).unwrap_or_else(|e| panic!("{step:?}: {e}"));
+    }
+    assert!(ctx
+        .cache
+        .built(qsa_wgpu::ops::nsa_compress_attention::LOGITS_GPU));
 }
 
 #[test]

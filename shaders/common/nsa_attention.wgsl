@@ -31,7 +31,8 @@ struct NsaCompressAttentionParams {
     causal: u32,
     scale: f32,
     split2: u32,      // tokens per stage-2 workgroup: 2048, 4096 or 8192 (the host's choice)
-    _pad1: u32,
+    split1: u32,      // tokens per stage-1 workgroup: 1024 (portable and subgroup kernels:
+                      // WG invocations × 16 tokens) or 256 (the GPU-shaped kernels: one each)
 }
 
 @group(0) @binding(0) var<uniform> P: NsaCompressAttentionParams;
@@ -41,7 +42,6 @@ struct NsaCompressAttentionParams {
 
 const WG: u32 = 64u;      // invocations of every stage's workgroup
 const HC: u32 = 16u;      // query heads per chunk: one mat4x4
-const S1: u32 = 1024u;     // tokens per stage-1 workgroup: WG invocations × 16 tokens
 const CT: u32 = 16u;      // output channels per stage-2 invocation
 const INFO_FLAGS: u32 = 0u;
 const INFO_PAD: u32 = 1u;
@@ -61,7 +61,7 @@ fn pos_inf() -> f32 { var b = 0x7f800000u; return bitcast<f32>(b); }
 fn group_size() -> u32 { return P.n1 / P.n2; }
 fn quads() -> u32 { return (group_size() + 3u) / 4u; }
 fn head_chunks() -> u32 { return (group_size() + HC - 1u) / HC; }
-fn splits1() -> u32 { return (P.c_max + S1 - 1u) / S1; }
+fn splits1() -> u32 { return (P.c_max + P.split1 - 1u) / P.split1; }
 fn splits2() -> u32 { return (P.c_max + P.split2 - 1u) / P.split2; }
 // Stage 2 gives each invocation CT channels of one part of the split's tokens: the
 // ceil(Dv / CT) channel tiles times `parts_per_split` parts fill the workgroup.

@@ -34,7 +34,7 @@ fn store_x(x: mat4x4<f32>, j: u32, vis: u32, at: u32, nq: u32) {
 }
 
 // The work of logits workgroup id: query row r, KV head kv, head chunk hc, split s1 of ns1
-// (tokens lo … lo + S1 − 1 of the vis visible ones), batch b, the chunk's first query head h0
+// (tokens lo … lo + P.split1 − 1 of the vis visible ones), batch b, the chunk's first query head h0
 // and its nh heads; skip for a row with nothing to do (a flag raised, padding, or no visible
 // token in the split). Workgroup-uniform control flow only (row_facts).
 // The KV head varies fastest with id, then the split: llvmpipe hands each of its threads a
@@ -63,8 +63,8 @@ fn logits_work(id: u32, lid: u32) -> LogitsWork {
     let s1 = (id / P.n2) % ns1;
     let hc = (id / (P.n2 * ns1)) % nhc;
     let r = id / (P.n2 * ns1 * nhc);
-    let lo = s1 * S1;
-    let fx = row_facts(r, lid, lo, lo + S1, false);
+    let lo = s1 * P.split1;
+    let fx = row_facts(r, lid, lo, lo + P.split1, false);
     let vis = fx[INFO_VIS];
     let skip = fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis;
     return LogitsWork(r, kv, hc, s1, ns1, lo, vis, fx[INFO_B], kv * g + hc * HC,

@@ -39,7 +39,7 @@ fn values_work(id: u32, lid: u32) -> ValuesWork {
     let vis = fx[INFO_VIS];
     let skip = fx[INFO_FLAGS] != 0u || fx[INFO_PAD] != 0u || lo >= vis;
     return ValuesWork(kv, s2, r, r * P.n2 + kv, lo, min(lo + P.split2, vis), vis, fx[INFO_B],
-                      (vis + S1 - 1u) / S1, skip);
+                      (vis + P.split1 - 1u) / P.split1, skip);
 }
 
 // bf16 bits of a quad, packed in pairs.
@@ -71,8 +71,10 @@ fn quad_stats(rk: u32, hc: u32, i: u32, nq: u32, ns1: u32) -> array<vec4<f32>, 2
     var ms = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(1.0));
     if (i < nq) {
         ms[1] = vec4<f32>(0.0);
+        // Before the loop: splits1() divides by P.split1 (on llvmpipe eight scalar divisions).
+        let st0 = stats_at(rk) + hc * splits1() * 8u + i;
         for (var s = 0u; s < ns1; s++) {
-            let st = stats_at(rk) + (hc * splits1() + s) * 8u + i;
+            let st = st0 + s * 8u;
             ms = merge4(ms[0], ms[1], scratch[st], scratch[st + 4u]);
         }
     }
@@ -133,15 +135,18 @@ fn add_psum(i: u32, hc: u32, p: mat4x4<f32>) {
 }
 
 // Step 2 for the tokens t0 … t0 + nt − 1 of the tile (an invocation every WG): P of the
-// chunk's heads (0 past the group), the group's sum of P into psum (added over the chunks),
-// round_T(P) into pt (bf16: pb) and each token's V row offset into vrow. st: chunk_stats.
+// chunk's heads (0 past the group), with `sums` the group's sum of P into psum (added over the
+// chunks), round_T(P) into pt (bf16: pb) and each token's V row offset into vrow. st:
+// chunk_stats.
 fn tile_probs(lid: u32, t0: u32, nt: u32, rk: u32, kv: u32, b: u32, hc: u32, nq: u32,
-              g: u32, st: array<vec4<f32>, 8>) {
+              g: u32, st: array<vec4<f32>, 8>, sums: bool) {
     let ps_row = rk * P.c_max;
     for (var jj = lid; jj < nt; jj += WG) {
         let j = t0 + jj;
         let p = token_probs(rk, j, hc, nq, g, st);
-        add_psum(ps_row + j, hc, p);
+        if (sums) {
+            add_psum(ps_row + j, hc, p);
+        }
         if (T_KIND == 2u) {
             pb[2u * jj] = vec4<u32>(bf16_pairs(p[0]), bf16_pairs(p[1]));
             pb[2u * jj + 1u] = vec4<u32>(bf16_pairs(p[2]), bf16_pairs(p[3]));

@@ -41,6 +41,10 @@ pub struct ContextOptions {
     /// [`Capabilities::split_topk`]). Off by default: faster on the H200, but the whole test
     /// suite has not yet passed with it there (docs/perf.md, "On a real GPU").
     pub split_topk: bool,
+    /// Run `nsa_compress_attention`'s logits and values stages as their GPU-shaped kernels
+    /// ([`Capabilities::gpu_nsa`]). Off by default: they are built for a GPU's many threads
+    /// and have not yet run on one (docs/perf.md, "On a real GPU").
+    pub gpu_nsa: bool,
     /// Keep the indexer's compress and query preparation in two dispatches (see
     /// [`Capabilities::fused_prepare`]).
     pub disable_fused_prepare: bool,
@@ -84,6 +88,16 @@ pub struct Capabilities {
     /// top-k went from 0.086 to 0.065 ms); on a CPU adapter a workgroup is one thread and one
     /// per row already keeps the cores busy.
     pub split_topk: bool,
+    /// Whether `nsa_compress_attention` (and the NSA selector's step) runs its logits and
+    /// values stages as the GPU-shaped kernels (`nsa_compress_attention_gpu.wgsl`,
+    /// `…_values_gpu.wgsl`): where [`ContextOptions::gpu_nsa`] asks for it, on any adapter. A
+    /// workgroup per 256 compressed tokens with one token per invocation, and one per part of
+    /// each values split, where the portable kernels and their subgroup variants have 64
+    /// invocations of 16 tokens (or 16 channels × 16 heads) each, a shape for llvmpipe's
+    /// 8-lane SIMD threads: at nsa-decode 128 + 128 workgroups instead of 32 + 16, on a GPU with
+    /// over a hundred multiprocessors. Same results within the operator's tolerances (the sums
+    /// run in another order).
+    pub gpu_nsa: bool,
     /// Whether the indexer runs the compress of a step's blocks and the preparation of its
     /// index queries in one dispatch (`qsa_compress_query.wgsl`; each workgroup runs one
     /// operator's kernel, the same results): where the adapter allows
@@ -211,6 +225,9 @@ impl Context {
                 && !gpu
                 && ShaderTarget::of(info.backend) != ShaderTarget::Browser,
             split_topk: opts.split_topk,
+            gpu_nsa: opts.gpu_nsa
+                && limits.max_compute_invocations_per_workgroup >= 256
+                && limits.max_compute_workgroup_size_x >= 256,
             fused_prepare: !opts.disable_fused_prepare
                 && limits.max_storage_buffers_per_shader_stage >= FUSED_PREPARE_BUFFERS,
         };

@@ -257,7 +257,7 @@ impl NsaSelector {
             causal: 1,
             scale: c.softmax_scale(),
             split2: 0,
-            _pad1: 0,
+            split1: 0,
         }
         .for_adapter(&ctx);
         let sel = prm.topk_params();

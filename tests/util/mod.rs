@@ -83,6 +83,20 @@ pub fn split_ctx() -> Arc<Context> {
     )
 }
 
+/// A context on the same adapter whose `nsa_compress_attention` runs the GPU-shaped logits and
+/// values kernels (`Capabilities::gpu_nsa`, chosen only when asked for), one per test binary
+/// like [`ctx`].
+pub fn gpu_nsa_ctx() -> Arc<Context> {
+    static CTX: OnceLock<Arc<Context>> = OnceLock::new();
+    shared(
+        &CTX,
+        ContextOptions {
+            gpu_nsa: true,
+            ..Default::default()
+        },
+    )
+}
+
 /// A context on the same adapter whose indexer runs the compress and the query preparation as
 /// two dispatches (see `Capabilities::fused_prepare`), to compare the two.
 pub fn unfused_ctx() -> Arc<Context> {

@@ -80,10 +80,11 @@ fn info(backend: &Option<String>) -> Result<()> {
     );
     let on = |b: bool| if b { "on" } else { "off" };
     println!(
-        "loads        textures {}  32-byte words {}  split top-k {}",
+        "loads        textures {}  32-byte words {}  split top-k {}  GPU-shaped NSA {}",
         on(ctx.caps.textures),
         on(ctx.caps.wide_loads),
-        on(ctx.caps.split_topk)
+        on(ctx.caps.split_topk),
+        on(ctx.caps.gpu_nsa)
     );
     println!(
         "dispatches   compress+query fused {}",

@@ -47,7 +47,9 @@ pub struct NsaCompressAttentionParams {
     /// Compressed tokens per stage-2 (values) workgroup: one of [`SPLITS2`]. [`Plan::params`]
     /// sets the GPU default, [`NsaCompressAttentionParams::for_adapter`] the adapter's choice.
     pub split2: u32,
-    pub _pad1: u32,
+    /// Compressed tokens per stage-1 (logits) workgroup: [`SPLIT1`] for the portable and
+    /// subgroup kernels, [`SPLIT1_GPU`] for the GPU-shaped ones ([`split1_for`]).
+    pub split1: u32,
 }
 
 /// Stage names of the four dispatches, for `BindCache::record` and GPU timing: the logits,
@@ -94,13 +96,17 @@ impl Plan {
             causal: self.causal as u32,
             scale: self.scale,
             split2: SPLIT2 as u32,
-            _pad1: 0,
+            split1: SPLIT1,
         }
     }
 }
 
-/// Tokens per stage-1 workgroup (`S1` in `shaders/common/nsa_attention.wgsl`).
-const SPLIT1: u64 = 1024;
+/// Tokens per stage-1 workgroup of the portable and subgroup logits kernels (64 invocations ×
+/// 16 tokens; `P.split1` in `shaders/common/nsa_attention.wgsl`).
+pub const SPLIT1: u32 = 1024;
+/// Tokens per stage-1 workgroup of the GPU-shaped logits kernel (`GWG` invocations, one token
+/// each, in `shaders/nsa_compress_attention_gpu.wgsl`); the scratch is sized for it.
+pub const SPLIT1_GPU: u32 = 256;
 /// The stage-2 splits a call may use ([`NsaCompressAttentionParams::split2`]), smallest first.
 pub const SPLITS2: [u32; 3] = [2048, 4096, 8192];
 /// Tokens per stage-2 workgroup on a GPU, and the smallest split: the scratch is sized for it
@@ -134,12 +140,28 @@ fn over_loop_budget(ctx: &Context, p: &NsaCompressAttentionParams) -> bool {
     ctx.caps.llvmpipe && loop_iterations(p) > LLVMPIPE_LOOP_BUDGET
 }
 
+/// The stage-1 split the logits kernels chosen on `ctx` take: [`SPLIT1_GPU`] where the
+/// context runs the GPU-shaped kernels
+/// ([`Capabilities::gpu_nsa`](crate::gpu::Capabilities::gpu_nsa)), else [`SPLIT1`].
+pub fn split1_for(ctx: &Context) -> u32 {
+    if ctx.caps.gpu_nsa {
+        SPLIT1_GPU
+    } else {
+        SPLIT1
+    }
+}
+
 impl NsaCompressAttentionParams {
-    /// These parameters with the stage-2 split [`split2_for`] chooses on this adapter.
+    /// These parameters with the splits this adapter's kernels take: the stage-1 split of
+    /// [`split1_for`], then the stage-2 split [`split2_for`] chooses.
     pub fn for_adapter(self, ctx: &Context) -> Self {
-        NsaCompressAttentionParams {
-            split2: split2_for(ctx, &self),
+        let p = NsaCompressAttentionParams {
+            split1: split1_for(ctx),
             ..self
+        };
+        NsaCompressAttentionParams {
+            split2: split2_for(ctx, &p),
+            ..p
         }
     }
 }
@@ -150,15 +172,17 @@ const WG: u64 = 64;
 /// f32 words of the scratch buffer the stages pass their results through, read 4 heads at a
 /// time (layout in `shaders/common/nsa_attention.wgsl`). With Q = ceil(G / 4) head quads: the
 /// logits `[R·N2, c_max, Q]`, the softmax statistics of each stage-1 split
-/// `[R·N2, ceil(G / 16), ceil(c_max / SPLIT1), 2, 4]` and the output parts of each stage-2 split
+/// `[R·N2, ceil(G / 16), ceil(c_max / split1), 2, 4]` and the output parts of each stage-2 split
 /// `[R·N2, ceil(c_max / split2) · (WG / ceil(Dv / CHANNELS)), Dv, Q]`, each entry 4 words, sized
-/// here for the smallest split (`SPLIT2`), which has the most parts.
+/// here for the smallest splits ([`SPLIT1_GPU`], `SPLIT2`), which have the most statistics and
+/// parts, so that one scratch serves every kernel.
 pub fn scratch_words(prm: &NsaCompressAttentionParams) -> u64 {
     let (c, dv) = (prm.c_max as u64, prm.dv as u64);
     let g = (prm.n1 / prm.n2.max(1)) as u64;
     let q = g.div_ceil(4);
     let parts = c.div_ceil(SPLIT2) * (WG / dv.div_ceil(CHANNELS).max(1));
-    let per_kv_head = c * q + g.div_ceil(16) * c.div_ceil(SPLIT1) * 8 + parts * dv * q;
+    let stats = g.div_ceil(16) * c.div_ceil(SPLIT1_GPU as u64) * 8;
+    let per_kv_head = c * q + stats + parts * dv * q;
     4 * prm.rows as u64 * prm.n2 as u64 * per_kv_head
 }
 
@@ -168,12 +192,16 @@ const DC: u64 = 128;
 const HC: u64 = 16;
 /// Tokens per stage-2 tile (`TILE` in `…_values.wgsl`).
 const TILE: u64 = 128;
+/// V channels per block of the GPU-shaped values kernel (`VB` in `…_values_gpu.wgsl`).
+const VB: u64 = 256;
 
 /// Loop iterations one invocation runs at most in the worst of the three attention stages,
 /// as llvmpipe counts them (a loop of n iterations costs n + 1, nested loops once per entry).
-/// The splits bound the logits and values stages' per-invocation work (`SPLIT1`, `split2`
-/// tokens per workgroup) except for the values stage's merge of the stage-1 statistics,
-/// ⌈c_max / SPLIT1⌉ per head chunk (four times over in the subgroup variant); the finishing
+/// The splits bound the logits and values stages' per-invocation work (`split1`, `split2`
+/// tokens per workgroup; the GPU-shaped logits kernel's loops are those of the portable one
+/// with fewer staging rounds and a shorter merge) except for the values stage's merge of the
+/// stage-1 statistics, ⌈c_max / split1⌉ per head chunk (four times over in the subgroup
+/// variant); the finishing
 /// stage sums ⌈c_max / split2⌉ · (WG / ⌈Dv / CT⌉) output parts for each of its
 /// ⌈Dv · ⌈G/4⌉ / WG⌉ outputs, scores its share of the W selection blocks and checks the row's
 /// ⌈c_max / page⌉ block-table columns. A model from
@@ -187,19 +215,29 @@ pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
     // row_info's binary search over the batches, and row_facts' check of the columns.
     let search = 64 - (p.batches as u64).leading_zeros() as u64 + 2;
     let cols = |tokens: u64| tokens.div_ceil(page).div_ceil(WG) + 1;
-    let logits =
-        search + cols(SPLIT1) + dqk.div_ceil(DC) * (HC * DC / WG + 1 + DC + 1 + 1) + 1 + WG + 1;
+    let logits = search
+        + cols(SPLIT1 as u64)
+        + dqk.div_ceil(DC) * (HC * DC / WG + 1 + DC + 1 + 1)
+        + 1
+        + WG
+        + 1;
     let split2 = (p.split2 as u64).max(SPLIT2);
     let tiles = split2 / TILE;
+    // The stage-1 split (unset: the smaller, with more statistics to merge).
+    let split1 = if p.split1 == 0 { SPLIT1_GPU } else { p.split1 } as u64;
+    let nparts = WG / dv.div_ceil(CHANNELS).max(1);
     // Per head chunk: the portable kernel's merge of the stage-1 statistics and its tiles; the
     // subgroup variant's merge in every invocation (4 quads) and its part's batches of 8
     // tokens (a part is an eighth of the split), each with the touch of the next batch's V
-    // rows (a word per 64 bytes: at most ⌈Dv / 16⌉).
-    let ns1 = c.div_ceil(SPLIT1);
+    // rows (a word per 64 bytes: at most ⌈Dv / 16⌉); the GPU-shaped kernel's merge and, per
+    // block of VB channels, its part's tiles of WG tokens.
+    let ns1 = c.div_ceil(split1);
     let portable = ns1 + 1 + tiles * (TILE / WG + 1 + TILE + 1) + 1;
     let subgroup = 4 * (ns1 + 1) + (split2 / 64 + 1) * (8 + 1 + dv.div_ceil(16) + 1) + 1;
-    let values = search + cols(split2) + g.div_ceil(HC) * (portable.max(subgroup) + 1) + 1;
-    let parts = c.div_ceil(split2) * (WG / dv.div_ceil(CHANNELS).max(1));
+    let part_tiles = split2.div_ceil(nparts.max(1)).div_ceil(WG);
+    let gpu = ns1 + 1 + dv.div_ceil(VB) * (part_tiles * (2 + 1 + WG + 1) + 1 + 1) + 1;
+    let values = search + cols(split2) + g.div_ceil(HC) * (portable.max(subgroup).max(gpu) + 1) + 1;
+    let parts = c.div_ceil(split2) * nparts;
     let blocks = ((p.lsel + p.l) / p.d.max(1)) as u64;
     let finish = search
         + cols(c)
@@ -327,6 +365,16 @@ pub fn dispatch_nsa_compress_attention<'a>(
             ),
         );
     }
+    if prm.split1 != split1_for(ctx) {
+        return bad(
+            "params",
+            format!(
+                "split1 = {} but this context's logits kernel takes {} (NsaCompressAttentionParams::for_adapter sets it)",
+                prm.split1,
+                split1_for(ctx)
+            ),
+        );
+    }
     if over_loop_budget(ctx, prm) {
         return bad(
             "actual_cmp_kv_len",
@@ -396,9 +444,15 @@ pub fn dispatch_nsa_compress_attention<'a>(
     let value4 = if v16 { b.value } else { &ctx.dummy };
     let g = (prm.n1 / prm.n2) as u64;
     let c = prm.c_max as u64;
+    // The GPU-shaped values kernel takes a workgroup per part of each split.
+    let parts = if ctx.caps.gpu_nsa {
+        WG / (prm.dv as u64).div_ceil(CHANNELS)
+    } else {
+        1
+    };
     let groups = [
-        rows * g.div_ceil(16) * c.div_ceil(SPLIT1),
-        rows * c.div_ceil(prm.split2 as u64),
+        rows * g.div_ceil(16) * c.div_ceil(prm.split1 as u64),
+        rows * c.div_ceil(prm.split2 as u64) * parts,
         rows,
     ];
     if groups.iter().any(|&n| n > u32::MAX as u64) {
@@ -411,7 +465,9 @@ pub fn dispatch_nsa_compress_attention<'a>(
     // The portable logits and values kernels are specialised by BY16; their subgroup variants
     // run only with 16-byte rows and take no such constant, in 32-byte words where they can.
     let by32 = |d: u32| ctx.caps.wide_loads && (d as u64 * tsize).is_multiple_of(32);
-    let (logits, k_by16) = if logits_subgroup_pass(ctx.caps.subgroup_size, k16) {
+    let (logits, k_by16) = if ctx.caps.gpu_nsa {
+        (LOGITS_GPU, Some(k16))
+    } else if logits_subgroup_pass(ctx.caps.subgroup_size, k16) {
         (
             if by32(prm.dqk) {
                 LOGITS_SG_W32
@@ -423,7 +479,9 @@ pub fn dispatch_nsa_compress_attention<'a>(
     } else {
         (OP, Some(k16))
     };
-    let (values, v_by16) = if values_subgroup_pass(ctx.caps.subgroup_size, v16, prm.dv) {
+    let (values, v_by16) = if ctx.caps.gpu_nsa {
+        (VALUES_GPU, None)
+    } else if values_subgroup_pass(ctx.caps.subgroup_size, v16, prm.dv) {
         (
             if by32(prm.dv) {
                 VALUES_SG_W32
@@ -470,6 +528,18 @@ pub fn dispatch_nsa_compress_attention<'a>(
 
 /// The logits stage's subgroup variant (`nsa_compress_attention_sg.wgsl`).
 pub const LOGITS_SG: &str = "nsa_compress_attention_sg";
+
+/// The logits stage's GPU-shaped kernel (`nsa_compress_attention_gpu.wgsl`): a workgroup of
+/// 256 invocations per [`SPLIT1_GPU`] tokens, one token and its 16 heads' dot products each,
+/// where the portable kernel's 64 invocations take 16 tokens each. Taken with
+/// [`VALUES_GPU`] where the context has
+/// [`Capabilities::gpu_nsa`](crate::gpu::Capabilities::gpu_nsa).
+pub const LOGITS_GPU: &str = "nsa_compress_attention_gpu";
+
+/// The values stage's GPU-shaped kernel (`nsa_compress_attention_values_gpu.wgsl`): a
+/// workgroup per part of each stage-2 split (the portable kernel's parts), its 64 invocations
+/// each accumulating one channel of every 64 for the 16 heads.
+pub const VALUES_GPU: &str = "nsa_compress_attention_values_gpu";
 
 /// Whether the logits stage runs its subgroup variant: on adapters whose subgroups are all
 /// 8 lanes (lavapipe at 256-bit SIMD), where K and query rows start on 16-byte boundaries
@@ -559,13 +629,10 @@ pub async fn gpu_with_split(
         &lens.buffer,
         &flags.buffer,
     );
-    let prm = match split2 {
-        Some(split2) => NsaCompressAttentionParams {
-            split2,
-            ..p.params()
-        },
-        None => p.params().for_adapter(ctx),
-    };
+    let mut prm = p.params().for_adapter(ctx);
+    if let Some(split2) = split2 {
+        prm.split2 = split2;
+    }
     encode_nsa_compress_attention(ctx, &mut enc, p.dt, &prm, &bufs).await?;
     ctx.submit(OP, enc).await?;
     let mut got = read_checked(ctx, OP, &[&t.out, &t.topk], &flags).await?;
@@ -578,24 +645,35 @@ pub async fn gpu_with_split(
 
 #[cfg(test)]
 mod tests {
-    /// The split and tile sizes that size the scratch buffer are the shaders' constants.
+    /// The shader's u32 constant `name`.
+    fn constant(shader: &str, name: &str) -> u64 {
+        let src = crate::shaders::assemble(shader).unwrap();
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let (_, c) = module
+            .constants
+            .iter()
+            .find(|(_, c)| c.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("{shader}: no constant {name}"));
+        match module.global_expressions[c.init] {
+            naga::Expression::Literal(naga::Literal::U32(v)) => v as u64,
+            ref e => panic!("{shader}: {name}: {e:?}"),
+        }
+    }
+
+    /// The split, tile and block sizes that size the scratch buffer and model the loops are
+    /// the shaders' constants.
     #[test]
     fn scratch_geometry_matches_the_shaders() {
-        let src = crate::shaders::assemble("nsa_compress_attention_values").unwrap();
-        let module = naga::front::wgsl::parse_str(&src).unwrap();
-        let constant = |name: &str| -> u64 {
-            let (_, c) = module
-                .constants
-                .iter()
-                .find(|(_, c)| c.name.as_deref() == Some(name))
-                .unwrap_or_else(|| panic!("no constant {name}"));
-            match module.global_expressions[c.init] {
-                naga::Expression::Literal(naga::Literal::U32(v)) => v as u64,
-                ref e => panic!("{name}: {e:?}"),
-            }
-        };
-        assert_eq!(constant("S1"), super::SPLIT1);
-        assert_eq!(constant("CT"), super::CHANNELS);
-        assert_eq!(constant("WG"), super::WG);
+        let values = "nsa_compress_attention_values";
+        assert_eq!(constant(values, "CT"), super::CHANNELS);
+        assert_eq!(constant(values, "WG"), super::WG);
+        assert_eq!(constant(values, "TILE"), super::TILE);
+        assert_eq!(constant(values, "HC"), super::HC);
+        assert_eq!(constant("nsa_compress_attention", "DC"), super::DC);
+        let gpu = super::LOGITS_GPU;
+        assert_eq!(constant(gpu, "GWG"), super::SPLIT1_GPU as u64);
+        assert_eq!(constant(super::VALUES_GPU, "VB"), super::VB);
+        // The portable and subgroup logits kernels: 64 invocations of 16 tokens.
+        assert_eq!(super::SPLIT1 as u64, super::WG * 16);
     }
 }

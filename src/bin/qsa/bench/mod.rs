@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// split kernels, meant for GPUs).
     #[arg(long)]
     pub split_topk: bool,
+    /// Run nsa-decode's logits and values stages as their GPU-shaped kernels (many workgroups
+    /// of light invocations, meant for GPUs).
+    #[arg(long)]
+    pub gpu_nsa: bool,
     /// Run the QSA presets' compress and query preparation as two dispatches instead of one.
     #[arg(long)]
     pub no_fused_prepare: bool,
@@ -202,6 +206,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         disable_wide_loads: args.no_wide_loads,
         disable_thread_pinning: args.no_thread_pinning,
         split_topk: args.split_topk,
+        gpu_nsa: args.gpu_nsa,
         disable_fused_prepare: args.no_fused_prepare,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());

@@ -58,19 +58,20 @@ pub fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// Which kernel variants the context allows (subgroups, texture copies, 32-byte loads, the
-/// split top-k, compress and query preparation in one dispatch) and how many CPU-adapter
-/// workers it bound to cores.
+/// split top-k, the GPU-shaped NSA kernels, compress and query preparation in one dispatch)
+/// and how many CPU-adapter workers it bound to cores.
 fn variants(ctx: &Context) -> String {
     let on = |b: bool| if b { "on" } else { "off" };
     format!(
-        "subgroups {}, textures {}, 32-byte loads {}, split top-k {}, fused compress+query {}, \
-         workers bound to cores {}",
+        "subgroups {}, textures {}, 32-byte loads {}, split top-k {}, GPU-shaped NSA {}, \
+         fused compress+query {}, workers bound to cores {}",
         ctx.caps
             .subgroup_size
             .map_or("off".to_string(), |n| format!("{n} lanes")),
         on(ctx.caps.textures),
         on(ctx.caps.wide_loads),
         on(ctx.caps.split_topk),
+        on(ctx.caps.gpu_nsa),
         on(ctx.caps.fused_prepare),
         ctx.pinned_workers
     )
@@ -187,6 +188,7 @@ pub fn json(
         "textures": ctx.caps.textures,
         "wide_loads": ctx.caps.wide_loads,
         "split_topk": ctx.caps.split_topk,
+        "gpu_nsa": ctx.caps.gpu_nsa,
         "fused_prepare": ctx.caps.fused_prepare,
         "pinned_workers": ctx.pinned_workers,
         "copy_gbs": roof.copy_gbs,
