@@ -1,5 +1,6 @@
-//! `qsa run` on case files: GPU and CPU outputs agree, and a bad case exits non-zero with a
-//! message on stderr and writes no output file.
+//! `qsa run` on case files: GPU and CPU outputs agree (NSA's compressed attention also on its
+//! GPU-shaped kernels, `--gpu-nsa`), and a bad case exits non-zero with a message on stderr and
+//! writes no output file.
 
 mod util;
 
@@ -83,6 +84,77 @@ fn run_case_gpu_and_cpu_agree() {
             compare(&g[k], &c[k], transform_tol(dt)).unwrap_or_else(|e| panic!("{k}: {e}"));
         }
     }
+}
+
+/// `qsa run --gpu-nsa` runs nsa_compress_attention on its GPU-shaped kernels (the output
+/// within tolerance of the CPU's, the selection the CPU's), and refuses `--cpu` with it.
+#[test]
+fn run_case_on_the_gpu_shaped_nsa_kernels() {
+    use qsa_wgpu::ops::nsa_compress_attention::Layout;
+    use util::nsa::{out_tol, Geo, Problem};
+    let dir = ScratchDir::new("cli-nsa");
+    let mut rng = Rng::new(0x6b);
+    let geo = Geo {
+        dt: DType::BF16,
+        layout: Layout::Tnd,
+        n1: 32,
+        n2: 2,
+        dqk: 64,
+        dv: 48,
+        page: 16,
+        l: 32,
+        d: 16,
+        lsel: 64,
+        k: 4,
+        causal: true,
+    };
+    let cmp = [300, 90];
+    let sel: Vec<usize> = cmp.iter().map(|&c| (c - 1) * 16 + 32 + 3).collect();
+    let p = Problem::new(&mut rng, geo.clone(), &[2, 1], &cmp, &sel);
+    let mut m = TensorMap::new();
+    for (name, t) in [
+        ("query", &p.query),
+        ("key", &p.key),
+        ("value", &p.value),
+        ("block_table", &p.block_table),
+        ("actual_q_len", &p.q_len_t),
+        ("actual_cmp_kv_len", &p.cmp_t),
+        ("actual_sel_kv_len", &p.sel_t),
+    ] {
+        m.insert(name.into(), t.clone());
+    }
+    let attrs = AttrMap::from([
+        ("num_heads".to_string(), json!(geo.n1)),
+        ("num_kv_heads".to_string(), json!(geo.n2)),
+        ("compress_block_size".to_string(), json!(geo.l)),
+        ("compress_stride".to_string(), json!(geo.d)),
+        ("select_block_size".to_string(), json!(geo.lsel)),
+        ("select_block_count".to_string(), json!(geo.k)),
+        ("causal_mask".to_string(), json!(true)),
+    ]);
+    let case = Case {
+        op: "nsa_compress_attention".into(),
+        attrs,
+        inputs: m,
+    };
+    let path = dir.file("nsa.safetensors");
+    std::fs::write(&path, case.to_bytes().unwrap()).unwrap();
+    let (g, c) = (dir.file("gpu.safetensors"), dir.file("cpu.safetensors"));
+    let (s, gs, cs) = (
+        path.to_str().unwrap(),
+        g.to_str().unwrap(),
+        c.to_str().unwrap(),
+    );
+    let (ok, err) = qsa(&["run", s, "-o", gs, "--gpu-nsa"]);
+    assert!(ok, "{err}");
+    let (ok, err) = qsa(&["run", s, "-o", cs, "--cpu"]);
+    assert!(ok, "{err}");
+    let g = read_tensors(&std::fs::read(&g).unwrap()).unwrap();
+    let c = read_tensors(&std::fs::read(&c).unwrap()).unwrap();
+    compare(&g["out"], &c["out"], out_tol(geo.dt)).unwrap();
+    assert_eq!(g["topk"], c["topk"]);
+    let (ok, err) = qsa(&["run", s, "-o", gs, "--gpu-nsa", "--cpu"]);
+    assert!(!ok && err.contains("--cpu"), "{err}");
 }
 
 /// A `format` entry (added by some safetensors writers) and a tensor under an output's name

@@ -39,10 +39,11 @@ class Run:
 class Qsa:
     """The qsa binary with the options of this session, writing its files under workdir."""
 
-    def __init__(self, binary, backend, cpu, workdir):
+    def __init__(self, binary, backend, cpu, workdir, gpu_nsa=False):
         self.binary = binary
         self.backend = backend
         self.cpu = cpu
+        self.gpu_nsa = gpu_nsa
         self.workdir = workdir
 
     def write(self, name, tensors, meta, writer=st.save):
@@ -61,6 +62,8 @@ class Qsa:
         cmd += ['run', path, '-o', out]
         if self.cpu:
             cmd.append('--cpu')
+        if self.gpu_nsa:
+            cmd.append('--gpu-nsa')
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, errors='replace',
                                   timeout=TIMEOUT_S)

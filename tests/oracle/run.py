@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The oracle check of the qsa library (see README.md): the one entry point.
 
-usage: python3 tests/oracle/run.py [--qsa PATH] [--backend vulkan|gl] [--cpu] [--seed N]
-                                   [--per-op N] [--keep DIR] [--self-test]
+usage: python3 tests/oracle/run.py [--qsa PATH] [--backend vulkan|gl] [--cpu] [--gpu-nsa]
+                                   [--seed N] [--per-op N] [--keep DIR] [--self-test]
 
 Groups, in order: the self-test of the checker, random cases of each operator, edge cases,
 large geometries and bad input. One line per group, the details of every failure, and a
@@ -92,6 +92,9 @@ def main():
     ap.add_argument('--backend', choices=('vulkan', 'gl'),
                     help='passed as `qsa --backend B run ...` (default: qsa chooses)')
     ap.add_argument('--cpu', action='store_true', help='run the CPU reference, not the GPU')
+    ap.add_argument('--gpu-nsa', action='store_true',
+                    help='passed as `qsa run ... --gpu-nsa`: nsa_compress_attention on its '
+                         'GPU-shaped kernels')
     ap.add_argument('--seed', type=int, default=DEFAULT_SEED, help='seed of the random cases')
     ap.add_argument('--per-op', type=int, default=DEFAULT_PER_OP,
                     help='random cases per operator (default %d)' % DEFAULT_PER_OP)
@@ -116,7 +119,8 @@ def main():
                 report.group('qsa binary', [Result(args.qsa, [
                     'not an executable: build it with `cargo build --release`, or give --qsa'])])
             else:
-                qsa = Qsa(os.path.abspath(args.qsa), args.backend, args.cpu, workdir)
+                qsa = Qsa(os.path.abspath(args.qsa), args.backend, args.cpu, workdir,
+                          args.gpu_nsa)
                 for op in gen.GENERATORS:
                     report.group('random ' + op, random_cases(qsa, op, args.seed, args.per_op))
                 report.group('edge', checks_of(qsa, edge.CHECKS))
@@ -129,8 +133,9 @@ def main():
     if args.self_test:
         mode = 'self-test only'
     else:
-        mode = '%s, seed %d, %d per operator' % (
-            'cpu' if args.cpu else (args.backend or 'default backend'), args.seed, args.per_op)
+        mode = '%s%s, seed %d, %d per operator' % (
+            'cpu' if args.cpu else (args.backend or 'default backend'),
+            ', GPU-shaped NSA' if args.gpu_nsa else '', args.seed, args.per_op)
     verdict = 'FAIL: %d of %d checks failed' % (report.failed, report.checks) if report.failed \
         else 'PASS: %d checks passed' % report.checks
     print('%s (%s, %.0f s)' % (verdict, mode, time.time() - start))

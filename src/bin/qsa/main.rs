@@ -41,6 +41,10 @@ enum Cmd {
         /// Use the CPU reference instead of the GPU.
         #[arg(long)]
         cpu: bool,
+        /// Run nsa_compress_attention's logits and values stages as their GPU-shaped kernels
+        /// (ContextOptions::gpu_nsa; off by default).
+        #[arg(long, conflicts_with = "cpu")]
+        gpu_nsa: bool,
     },
     /// The main job: a synthetic indexer layer, every step checked against the CPU (default).
     Demo(demo::DemoArgs),
@@ -51,6 +55,15 @@ enum Cmd {
 fn context(backend: &Option<String>) -> Result<std::sync::Arc<Context>> {
     Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
+        ..Default::default()
+    })
+}
+
+/// The context of `qsa run`: the default one, or with the GPU-shaped NSA kernels.
+fn run_context(backend: &Option<String>, gpu_nsa: bool) -> Result<std::sync::Arc<Context>> {
+    Context::new_blocking(&ContextOptions {
+        backends: backend.clone(),
+        gpu_nsa,
         ..Default::default()
     })
 }
@@ -122,9 +135,19 @@ fn info(backend: &Option<String>) -> Result<()> {
     Ok(())
 }
 
-fn run_case(backend: &Option<String>, case: &str, output: &str, cpu: bool) -> Result<()> {
+fn run_case(
+    backend: &Option<String>,
+    case: &str,
+    output: &str,
+    cpu: bool,
+    gpu_nsa: bool,
+) -> Result<()> {
     let c = Case::read(case)?;
-    let ctx = if cpu { None } else { Some(context(backend)?) };
+    let ctx = if cpu {
+        None
+    } else {
+        Some(run_context(backend, gpu_nsa)?)
+    };
     let exec = match &ctx {
         Some(ctx) => Exec::Gpu(ctx),
         None => Exec::Cpu,
@@ -152,7 +175,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Some(Cmd::Info) => info(&cli.backend),
-        Some(Cmd::Run { case, output, cpu }) => run_case(&cli.backend, &case, &output, cpu),
+        Some(Cmd::Run {
+            case,
+            output,
+            cpu,
+            gpu_nsa,
+        }) => run_case(&cli.backend, &case, &output, cpu, gpu_nsa),
         Some(Cmd::Demo(args)) => demo::run(&cli.backend, &args),
         Some(Cmd::Bench(args)) => bench::run(&cli.backend, &args),
         None => demo::run(&cli.backend, &demo::DemoArgs::default()),
