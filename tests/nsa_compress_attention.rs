@@ -469,7 +469,7 @@ fn stage2_splits_agree() {
 #[test]
 fn gpu_shaped_kernels_match_cpu() {
     // The GPU-shaped logits and values kernels (a context that asks for them) against the CPU:
-    // every storage type; K and V rows read 16 bytes at a time and element by element; lengths
+    // every storage type, K rows read 16 bytes at a time and element by element; lengths
     // around their splits (256 tokens a logits workgroup; a values workgroup per part of 2048,
     // 4096 or 8192 tokens) and c = 1; G = 1, 5, 16 and 128 (eight head chunks); Dqk = 136 (two
     // staging rounds); Dv from 8 (64 parts a split) to 300 and 512 (two blocks of 256
@@ -544,6 +544,17 @@ fn gpu_shaped_kernels_match_cpu() {
             q_len: &[1, 2],
             cmp: &[255, 511],
             causal: false,
+        },
+        // f16 rows read 16 bytes at a time (Dqk = 48), a partial head chunk (G = 20).
+        Case {
+            dt: DType::F16,
+            layout: TND,
+            heads: (40, 2),
+            dims: (48, 120),
+            page: 32,
+            q_len: &[3],
+            cmp: &[520],
+            causal: true,
         },
         // Dv = 512 (two parts a split), f32 rows read element by element (Dqk = 33).
         Case {
