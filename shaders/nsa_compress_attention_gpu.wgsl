@@ -47,11 +47,7 @@ fn set_slot(i: u32, m: vec4<f32>, s: vec4<f32>) {
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    if (id >= P.rows * P.n2 * head_chunks() * splits1()) {
-        return;
-    }
-    let w = logits_work(id, lid);
+    let w = logits_work(wg.y * nwg.x + wg.x, lid);
     if (w.skip) {
         return;
     }

@@ -444,6 +444,23 @@ fn plain_for(head: &str) -> bool {
                 .is_some_and(constant))
 }
 
+/// The u32 constant `name` of `shader` as assembled: for the tests that hold the host's sizes
+/// to the shaders' own.
+#[cfg(test)]
+pub(crate) fn wgsl_u32(shader: &str, name: &str) -> u32 {
+    let src = assemble(shader).unwrap();
+    let module = naga::front::wgsl::parse_str(&src).unwrap();
+    let (_, c) = module
+        .constants
+        .iter()
+        .find(|(_, c)| c.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no constant {name} in {shader}"));
+    match module.global_expressions[c.init] {
+        naga::Expression::Literal(naga::Literal::U32(v)) => v,
+        ref e => panic!("{shader}: {name}: {e:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,49 @@ fn raw_len(rng: &mut Rng, c: usize, l: usize, d: usize, q: usize) -> usize {
     ((c - 1) * d + l + rng.below(d)).max(q)
 }
 
+/// One problem of a table of cases at l = 32, d = 16, l' = 64, k = min(nsel, 16): raw
+/// lengths `sel` per batch (empty: (c − 1)·16 + 33 each, every window complete).
+struct Case {
+    dt: DType,
+    layout: Layout,
+    heads: (usize, usize),
+    dims: (usize, usize),
+    page: usize,
+    q_len: &'static [usize],
+    cmp: &'static [usize],
+    sel: &'static [usize],
+    causal: bool,
+}
+
+/// Runs each case on `ctx` against the CPU.
+fn check_cases(ctx: &Context, rng: &mut Rng, cases: &[Case]) {
+    for c in cases {
+        let min_nsel = c.cmp.iter().map(|&n| nsel(n, 32, 16, 64)).min().unwrap();
+        let geo = Geo {
+            dt: c.dt,
+            layout: c.layout,
+            n1: c.heads.0,
+            n2: c.heads.1,
+            dqk: c.dims.0,
+            dv: c.dims.1,
+            page: c.page,
+            l: 32,
+            d: 16,
+            lsel: 64,
+            k: min_nsel.min(16),
+            causal: c.causal,
+        };
+        let sel: Vec<usize> = if c.sel.is_empty() {
+            c.cmp.iter().map(|&n| (n - 1) * 16 + 32 + 1).collect()
+        } else {
+            c.sel.to_vec()
+        };
+        let what = format!("{geo:?} q_len={:?} cmp={:?}", c.q_len, c.cmp);
+        let p = Problem::new(rng, geo, c.q_len, c.cmp, &sel);
+        check(ctx, &p, &what);
+    }
+}
+
 #[test]
 fn gpu_matches_cpu() {
     let ctx = util::ctx();
@@ -210,17 +253,6 @@ fn splits_and_tiles() {
     // a query staged in two rounds (Dqk = 136), and K/V rows read 16 bytes at a time or not.
     let ctx = util::ctx();
     let mut rng = Rng::new(1025);
-    struct Case {
-        dt: DType,
-        layout: Layout,
-        heads: (usize, usize),
-        dims: (usize, usize),
-        page: usize,
-        q_len: &'static [usize],
-        cmp: &'static [usize],
-        sel: &'static [usize],
-        causal: bool,
-    }
     let cases = [
         // c = 1, just past a logits split, just past a values split; G = 4.
         Case {
@@ -283,26 +315,7 @@ fn splits_and_tiles() {
             causal: true,
         },
     ];
-    for c in cases {
-        let min_nsel = c.cmp.iter().map(|&n| nsel(n, 32, 16, 64)).min().unwrap();
-        let geo = Geo {
-            dt: c.dt,
-            layout: c.layout,
-            n1: c.heads.0,
-            n2: c.heads.1,
-            dqk: c.dims.0,
-            dv: c.dims.1,
-            page: c.page,
-            l: 32,
-            d: 16,
-            lsel: 64,
-            k: min_nsel.min(16),
-            causal: c.causal,
-        };
-        let what = format!("{geo:?} q_len={:?} cmp={:?}", c.q_len, c.cmp);
-        let p = Problem::new(&mut rng, geo, c.q_len, c.cmp, c.sel);
-        check(&ctx, &p, &what);
-    }
+    check_cases(&ctx, &mut rng, &cases);
 }
 
 #[test]
@@ -480,16 +493,6 @@ fn gpu_shaped_kernels_match_cpu() {
     assert!(ctx.caps.gpu_nsa, "{}", ctx.describe());
     assert_eq!(split1_for(&ctx), SPLIT1_GPU);
     let mut rng = Rng::new(0x69);
-    struct Case {
-        dt: DType,
-        layout: Layout,
-        heads: (usize, usize),
-        dims: (usize, usize),
-        page: usize,
-        q_len: &'static [usize],
-        cmp: &'static [usize],
-        causal: bool,
-    }
     let cases = [
         // The paper's group; c = 1, just past a logits split, just past a values split.
         Case {
@@ -500,6 +503,7 @@ fn gpu_shaped_kernels_match_cpu() {
             page: 64,
             q_len: &[2, 1, 1],
             cmp: &[1, 257, 2049],
+            sel: &[],
             causal: false,
         },
         Case {
@@ -510,6 +514,7 @@ fn gpu_shaped_kernels_match_cpu() {
             page: 128,
             q_len: &[1],
             cmp: &[1300],
+            sel: &[],
             causal: true,
         },
         // G = 128 (eight head chunks), rows that see part of the cache.
@@ -521,6 +526,7 @@ fn gpu_shaped_kernels_match_cpu() {
             page: 128,
             q_len: &[2],
             cmp: &[600],
+            sel: &[],
             causal: true,
         },
         // G = 1, f16 rows read element by element (Dqk = 20, Dv = 10), BSND padding.
@@ -532,6 +538,7 @@ fn gpu_shaped_kernels_match_cpu() {
             page: 7,
             q_len: &[16, 3],
             cmp: &[300, 40],
+            sel: &[],
             causal: true,
         },
         // Dqk = 136 staged in two rounds, Dv = 300 in two blocks, one token short of a split.
@@ -543,6 +550,7 @@ fn gpu_shaped_kernels_match_cpu() {
             page: 64,
             q_len: &[1, 2],
             cmp: &[255, 511],
+            sel: &[],
             causal: false,
         },
         // f16 rows read 16 bytes at a time (Dqk = 48), a partial head chunk (G = 20).
@@ -554,6 +562,7 @@ fn gpu_shaped_kernels_match_cpu() {
             page: 32,
             q_len: &[3],
             cmp: &[520],
+            sel: &[],
             causal: true,
         },
         // Dv = 512 (two parts a split), f32 rows read element by element (Dqk = 33).
@@ -565,30 +574,11 @@ fn gpu_shaped_kernels_match_cpu() {
             page: 16,
             q_len: &[1],
             cmp: &[700],
+            sel: &[],
             causal: true,
         },
     ];
-    for c in cases {
-        let min_nsel = c.cmp.iter().map(|&n| nsel(n, 32, 16, 64)).min().unwrap();
-        let geo = Geo {
-            dt: c.dt,
-            layout: c.layout,
-            n1: c.heads.0,
-            n2: c.heads.1,
-            dqk: c.dims.0,
-            dv: c.dims.1,
-            page: c.page,
-            l: 32,
-            d: 16,
-            lsel: 64,
-            k: min_nsel.min(16),
-            causal: c.causal,
-        };
-        let sel: Vec<usize> = c.cmp.iter().map(|&n| (n - 1) * 16 + 32 + 1).collect();
-        let what = format!("{geo:?} q_len={:?} cmp={:?}", c.q_len, c.cmp);
-        let p = Problem::new(&mut rng, geo, c.q_len, c.cmp, &sel);
-        check(&ctx, &p, &what);
-    }
+    check_cases(&ctx, &mut rng, &cases);
     // Every stage-2 split, lengths just past each.
     let mut geo = paper(DType::F32, TND);
     (geo.n1, geo.n2, geo.k) = (32, 2, 16);

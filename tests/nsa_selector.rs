@@ -253,7 +253,6 @@ fn decode_loop_equals_one_16_token_step() {
     }
 }
 
-/// Row `r` of a tensor along its first axis, keeping the axis.
 #[test]
 fn paper_geometry() {
     // N1 = 64, N2 = 4, Dqk = 192, Dv = 128, l = 32, d = 16, l' = 64, k = 16 over two
@@ -279,27 +278,45 @@ fn paper_geometry() {
     };
     let iters = loop_iterations(&params_kv(&geo, 192, 128).unwrap());
     assert!(iters < 40_000, "{iters}");
+    let ctx = util::ctx();
     let mut sel = layer(&cfg, &mut rng, true);
-    sel.add_sequence().unwrap();
-    sel.add_sequence().unwrap();
-    let prefill = [1000, 1090];
-    let toks: Vec<_> = prefill.iter().map(|&n| kv(&mut rng, &cfg, n)).collect();
-    append(&mut sel, &toks);
-    pollster::block_on(sel.extend(&prefill)).unwrap();
-    sel.extend_cpu(&prefill).unwrap();
-    for step in [[1, 1], [4, 1]] {
-        let toks: Vec<_> = step.iter().map(|&n| kv(&mut rng, &cfg, n)).collect();
-        append(&mut sel, &toks);
-        let q = rng.tensor(dt, &[step.iter().sum(), 64, 192]);
-        let got = gpu_step(&mut sel, &step, &q);
-        let want = sel.step_cpu(&step, &q).unwrap();
-        check_step(&sel, &step, &q, &got, &want).unwrap_or_else(|e| panic!("{step:?}: {e}"));
+    for step in paper_steps(&mut sel, &ctx, &mut rng, &cfg, &[1000, 1090]) {
+        let got = step;
         // Every row starts with the forced blocks 0, nsel − 2, nsel − 1 (nsel = 16 and 17).
         let t = got["topk"].to_i32();
         assert_eq!(t[..3], [0, 14, 15]);
         assert_eq!(t[t.len() - 16..][..3], [0, 15, 16]);
-        assert_eq!(got["out"].shape, vec![step.iter().sum(), 64, 128]);
+        assert_eq!(got["out"].shape[1..], [64, 128]);
     }
+}
+
+/// Two sequences of `prefill` tokens on a paper-geometry layer, then a decode step of both and
+/// a step of 4 + 1 tokens, each checked against the CPU step; the GPU outputs of the two steps.
+fn paper_steps(
+    sel: &mut NsaSelector,
+    ctx: &qsa_wgpu::gpu::Context,
+    rng: &mut Rng,
+    cfg: &NsaConfig,
+    prefill: &[usize; 2],
+) -> Vec<TensorMap> {
+    sel.add_sequence().unwrap();
+    sel.add_sequence().unwrap();
+    let toks: Vec<_> = prefill.iter().map(|&n| kv(rng, cfg, n)).collect();
+    append(sel, &toks);
+    pollster::block_on(sel.extend(prefill)).unwrap();
+    sel.extend_cpu(prefill).unwrap();
+    let mut outs = Vec::new();
+    for step in [[1, 1], [4, 1]] {
+        let toks: Vec<_> = step.iter().map(|&n| kv(rng, cfg, n)).collect();
+        append(sel, &toks);
+        let q = rng.tensor(cfg.dtype, &[step.iter().sum(), cfg.n1, cfg.dqk]);
+        let out = pollster::block_on(sel.step(&step, &q)).unwrap();
+        let got = pollster::block_on(out.read(ctx)).unwrap();
+        let want = sel.step_cpu(&step, &q).unwrap();
+        check_step(sel, &step, &q, &got, &want).unwrap_or_else(|e| panic!("{step:?}: {e}"));
+        outs.push(got);
+    }
+    outs
 }
 
 #[test]
@@ -314,22 +331,8 @@ fn gpu_shaped_kernels_step() {
     cfg.page_size = 64;
     cfg.cmp_page_size = 16;
     let mut sel = layer_on(ctx.clone(), &cfg, &mut rng, true);
-    sel.add_sequence().unwrap();
-    sel.add_sequence().unwrap();
-    let prefill = [1500, 4200];
-    let toks: Vec<_> = prefill.iter().map(|&n| kv(&mut rng, &cfg, n)).collect();
-    append(&mut sel, &toks);
-    pollster::block_on(sel.extend(&prefill)).unwrap();
-    sel.extend_cpu(&prefill).unwrap();
-    for step in [[1, 1], [4, 1]] {
-        let toks: Vec<_> = step.iter().map(|&n| kv(&mut rng, &cfg, n)).collect();
-        append(&mut sel, &toks);
-        let q = rng.tensor(dt, &[step.iter().sum(), 64, 192]);
-        let out = pollster::block_on(sel.step(&step, &q)).unwrap();
-        let got = pollster::block_on(out.read(&ctx)).unwrap();
-        let want = sel.step_cpu(&step, &q).unwrap();
-        check_step(&sel, &step, &q, &got, &want).unwrap_or_else(|e| panic!("{step:?}: {e}"));
-    }
+    let outs = paper_steps(&mut sel, &ctx, &mut rng, &cfg, &[1500, 4200]);
+    assert_eq!(outs.len(), 2);
     assert!(ctx
         .cache
         .built(qsa_wgpu::ops::nsa_compress_attention::LOGITS_GPU));

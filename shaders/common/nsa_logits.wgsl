@@ -35,8 +35,9 @@ fn store_x(x: mat4x4<f32>, j: u32, vis: u32, at: u32, nq: u32) {
 
 // The work of logits workgroup id: query row r, KV head kv, head chunk hc, split s1 of ns1
 // (tokens lo … lo + P.split1 − 1 of the vis visible ones), batch b, the chunk's first query head h0
-// and its nh heads; skip for a row with nothing to do (a flag raised, padding, or no visible
-// token in the split). Workgroup-uniform control flow only (row_facts).
+// and its nh heads; skip for a workgroup past the grid's work or a row with nothing to do (a
+// flag raised, padding, or no visible token in the split). Workgroup-uniform control flow only
+// (row_facts).
 // The KV head varies fastest with id, then the split: llvmpipe hands each of its threads a
 // contiguous run of workgroup ids, so each thread reads whole K rows of its own token range
 // rather than one head's slice of every row (the f32 logits stage 7.6 -> 7.0 ms, median of
@@ -59,6 +60,9 @@ fn logits_work(id: u32, lid: u32) -> LogitsWork {
     let g = group_size();
     let nhc = head_chunks();
     let ns1 = splits1();
+    if (id >= P.rows * P.n2 * nhc * ns1) {
+        return LogitsWork(0u, 0u, 0u, 0u, ns1, 0u, 0u, 0u, 0u, 0u, true);
+    }
     let kv = id % P.n2;
     let s1 = (id / P.n2) % ns1;
     let hc = (id / (P.n2 * ns1)) % nhc;

@@ -130,11 +130,7 @@ fn dots(a: mat4x4<f32>, rb: u32, c0: u32) -> mat4x4<f32> {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) sl: u32) {
-    let id = wg.y * nwg.x + wg.x;
-    if (id >= P.rows * P.n2 * head_chunks() * splits1()) {
-        return;
-    }
-    let w = logits_work(id, lid);
+    let w = logits_work(wg.y * nwg.x + wg.x, lid);
     if (w.skip) {
         return;
     }

@@ -555,20 +555,7 @@ pub async fn gpu(
 
 #[cfg(test)]
 mod tests {
-    /// The WGSL's constant `name` in `shader`.
-    fn wgsl_u32(shader: &str, name: &str) -> u32 {
-        let src = crate::shaders::assemble(shader).unwrap();
-        let module = naga::front::wgsl::parse_str(&src).unwrap();
-        let (_, c) = module
-            .constants
-            .iter()
-            .find(|(_, c)| c.name.as_deref() == Some(name))
-            .unwrap_or_else(|| panic!("no constant {name} in {shader}"));
-        match module.global_expressions[c.init] {
-            naga::Expression::Literal(naga::Literal::U32(v)) => v,
-            ref e => panic!("{name}: {e:?}"),
-        }
-    }
+    use crate::shaders::wgsl_u32;
 
     /// The host sizes the split kernels' grids and scratch with the shader's own constants.
     #[test]

@@ -645,19 +645,8 @@ pub async fn gpu_with_split(
 
 #[cfg(test)]
 mod tests {
-    /// The shader's u32 constant `name`.
     fn constant(shader: &str, name: &str) -> u64 {
-        let src = crate::shaders::assemble(shader).unwrap();
-        let module = naga::front::wgsl::parse_str(&src).unwrap();
-        let (_, c) = module
-            .constants
-            .iter()
-            .find(|(_, c)| c.name.as_deref() == Some(name))
-            .unwrap_or_else(|| panic!("{shader}: no constant {name}"));
-        match module.global_expressions[c.init] {
-            naga::Expression::Literal(naga::Literal::U32(v)) => v as u64,
-            ref e => panic!("{shader}: {name}: {e:?}"),
-        }
+        crate::shaders::wgsl_u32(shader, name) as u64
     }
 
     /// The split, tile and block sizes that size the scratch buffer and model the loops are
