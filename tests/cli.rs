@@ -286,13 +286,13 @@ fn info_lists_adapter_and_limits() {
     let ctx = util::ctx();
     let on = |b: bool| if b { "on" } else { "off" };
     let loads = format!(
-        "loads        textures {}  32-byte words {}  split top-k off",
+        "loads        textures {}  32-byte words {}  split top-k off  GPU-shaped NSA off",
         on(ctx.caps.textures),
         on(ctx.caps.wide_loads)
     );
     assert!(s.contains(&loads), "no `{loads}` in {s}");
     let fused = format!(
-        "dispatches   compress+query fused {}",
+        "dispatches   compress+query fused {}  one-row score tiles off",
         on(ctx.caps.fused_prepare)
     );
     assert!(s.contains(&fused), "no `{fused}` in {s}");

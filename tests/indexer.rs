@@ -371,6 +371,55 @@ fn texture_copies_change_nothing() {
 }
 
 #[test]
+fn one_row_scores_change_nothing() {
+    // A context that scores every row in one-row tiles (a ragged prefill included, which the
+    // default context scores in 24-row tiles): the layers agree bit for bit, in the selections
+    // and in the scores, over a prefill and decode rows of two sequences.
+    let mut rng = Rng::new(93);
+    let cfg = IndexerConfig {
+        max_step_tokens: 300,
+        ..config(DType::BF16, 2, 16)
+    };
+    use qsa_wgpu::ops::block_score::Tiling;
+    let one_row = util::one_row_ctx();
+    assert!(one_row.caps.one_row_scores && !util::ctx().caps.one_row_scores);
+    // The prefill's 280 rows of 2 sequences: row tiles by default, one-row tiles here.
+    assert_eq!(Tiling::for_context(&util::ctx(), 280, 2), Tiling::RowTiles);
+    assert_eq!(Tiling::for_context(&one_row, 280, 2), Tiling::OneRow);
+    let order = rng.permutation(pages(&cfg));
+    let mut tiled = layer(&cfg, 9, order.clone());
+    let mut rowwise = layer_on(one_row.clone(), &cfg, 9, order);
+    let (k0, q0) = sequence(&mut rng, &cfg, 260);
+    let (k1, q1) = sequence(&mut rng, &cfg, 40);
+    for ix in [&mut tiled, &mut rowwise] {
+        ix.add_sequence().unwrap();
+        ix.add_sequence().unwrap();
+    }
+    let mut at = [0usize; 2];
+    let mut steps: Vec<[usize; 2]> = vec![[250, 30]];
+    steps.extend((0..4).map(|_| [1, 1]));
+    for step in steps {
+        let qs = cat(&[
+            rows(&q0, at[0], at[0] + step[0]),
+            rows(&q1, at[1], at[1] + step[1]),
+        ]);
+        for ix in [&mut tiled, &mut rowwise] {
+            ix.append_keys(0, &k0[at[0] * cfg.di..(at[0] + step[0]) * cfg.di])
+                .unwrap();
+            ix.append_keys(1, &k1[at[1] * cfg.di..(at[1] + step[1]) * cfg.di])
+                .unwrap();
+        }
+        let want = step_with_scores(&mut tiled, &util::ctx(), &step, &qs);
+        let got = step_with_scores(&mut rowwise, &one_row, &step, &qs);
+        for name in NAMES.iter().chain(["scores"].iter()) {
+            assert_eq!(got[*name], want[*name], "step {step:?} at {at:?}: {name}");
+        }
+        at[0] += step[0];
+        at[1] += step[1];
+    }
+}
+
+#[test]
 fn split_topk_changes_nothing() {
     // Rows of W = 4096 blocks and k = 64 are wide: on a context told to split them the decode
     // steps' few rows take the split kernels, two dispatches in slots of their own (the

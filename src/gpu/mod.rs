@@ -45,6 +45,9 @@ pub struct ContextOptions {
     /// ([`Capabilities::gpu_nsa`]). Off by default: they are built for a GPU's many threads
     /// and have not yet run on one (docs/perf.md, "On a real GPU").
     pub gpu_nsa: bool,
+    /// Score every row in one-row tiles, prefill included ([`Capabilities::one_row_scores`]).
+    /// Off by default: meant for GPUs and not yet measured on one.
+    pub one_row_scores: bool,
     /// Keep the indexer's compress and query preparation in two dispatches (see
     /// [`Capabilities::fused_prepare`]).
     pub disable_fused_prepare: bool,
@@ -98,6 +101,14 @@ pub struct Capabilities {
     /// over a hundred multiprocessors. Same results within the operator's tolerances (the sums
     /// run in another order).
     pub gpu_nsa: bool,
+    /// Whether `block_score` (and the indexer's score stage) tiles every call in one-row
+    /// tiles (`Tiling::OneRow`: a workgroup per row and 1024 blocks, each invocation 16 blocks
+    /// × 4 heads) instead of 24-row tiles for prefill: where
+    /// [`ContextOptions::one_row_scores`] asks for it. The row tiles keep 24 rows × 16 blocks
+    /// of dot products per invocation, which suits llvmpipe's SIMD threads (each key read once
+    /// for 24 rows) but spills on a GPU, where the 8K prefill's score ran at a sixth of the
+    /// H200's multiply-add rate. Both tilings give the same scores bit for bit.
+    pub one_row_scores: bool,
     /// Whether the indexer runs the compress of a step's blocks and the preparation of its
     /// index queries in one dispatch (`qsa_compress_query.wgsl`; each workgroup runs one
     /// operator's kernel, the same results): where the adapter allows
@@ -228,6 +239,7 @@ impl Context {
             gpu_nsa: opts.gpu_nsa
                 && limits.max_compute_invocations_per_workgroup >= 256
                 && limits.max_compute_workgroup_size_x >= 256,
+            one_row_scores: opts.one_row_scores,
             fused_prepare: !opts.disable_fused_prepare
                 && limits.max_storage_buffers_per_shader_stage >= FUSED_PREPARE_BUFFERS,
         };

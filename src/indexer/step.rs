@@ -459,7 +459,7 @@ impl QsaIndexer {
             // Each tiling has its own pipeline, so its own slot; whenever this one's bind group
             // is built, the other one's is built too, so that switching between prefill and
             // decode builds nothing.
-            let tiling = Tiling::for_rows(sp.rows, sp.n);
+            let tiling = Tiling::for_context(&ctx, sp.rows, sp.n);
             let slot = |t: Tiling| 2 * chunk + (t == Tiling::OneRow) as usize;
             let built = self.binds.created();
             let d = dispatch_score_tiled(&ctx, c.dtype, &sp, &sb, tiling)?;

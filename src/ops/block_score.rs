@@ -303,6 +303,16 @@ impl Tiling {
         }
     }
 
+    /// [`Tiling::for_rows`], or [`Tiling::OneRow`] always where the context asks for it
+    /// ([`Capabilities::one_row_scores`](crate::gpu::Capabilities::one_row_scores)).
+    pub fn for_context(ctx: &Context, rows: u32, n: u32) -> Tiling {
+        if ctx.caps.one_row_scores {
+            Tiling::OneRow
+        } else {
+            Tiling::for_rows(rows, n)
+        }
+    }
+
     /// The other tiling.
     pub fn other(self) -> Tiling {
         match self {
@@ -335,14 +345,14 @@ pub struct ScoreBuffers<'a> {
 }
 
 /// Describes one score dispatch over rows `prm.row_base .. + prm.rows` (recorded by the
-/// `encode_` wrapper below or an orchestrator), tiled as [`Tiling::for_rows`] chooses.
+/// `encode_` wrapper below or an orchestrator), tiled as [`Tiling::for_context`] chooses.
 pub fn dispatch_score<'a>(
     ctx: &'a Context,
     dt: DType,
     prm: &'a BlockScoreParams,
     b: &'a ScoreBuffers<'a>,
 ) -> Result<Dispatch<'a>> {
-    dispatch_score_tiled(ctx, dt, prm, b, Tiling::for_rows(prm.rows, prm.n))
+    dispatch_score_tiled(ctx, dt, prm, b, Tiling::for_context(ctx, prm.rows, prm.n))
 }
 
 /// [`dispatch_score`] with the tiling given (rows that do not start on a 16-byte word, i.e.
@@ -461,7 +471,7 @@ pub async fn gpu_chunked(
     gpu_tiled(ctx, x, a, max_chunk_rows, None, false).await
 }
 
-/// [`gpu_chunked`] with every chunk tiled as `tiling` (`None`: as [`Tiling::for_rows`]
+/// [`gpu_chunked`] with every chunk tiled as `tiling` (`None`: as [`Tiling::for_context`]
 /// chooses), the queries and keys read from [`WordTexture`]s when `textures`; tests use it
 /// to run both tilings and both sources on one problem.
 pub async fn gpu_tiled(
@@ -544,7 +554,7 @@ pub async fn gpu_tiled(
             scores: &scores.buffer,
             flags: &flags.buffer,
         };
-        let tiling = tiling.unwrap_or(Tiling::for_rows(prm.rows, prm.n));
+        let tiling = tiling.unwrap_or(Tiling::for_context(ctx, prm.rows, prm.n));
         encode(
             ctx,
             &mut enc,

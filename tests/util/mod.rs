@@ -97,6 +97,16 @@ pub fn gpu_nsa_ctx() -> Arc<Context> {
     )
 }
 
+/// A context on the same adapter that scores every row in one-row tiles
+/// (`Capabilities::one_row_scores`), to compare with the default tilings.
+pub fn one_row_ctx() -> Arc<Context> {
+    Context::new_blocking(&ContextOptions {
+        one_row_scores: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A context on the same adapter whose indexer runs the compress and the query preparation as
 /// two dispatches (see `Capabilities::fused_prepare`), to compare the two.
 pub fn unfused_ctx() -> Arc<Context> {

@@ -100,8 +100,9 @@ fn info(backend: &Option<String>) -> Result<()> {
         on(ctx.caps.gpu_nsa)
     );
     println!(
-        "dispatches   compress+query fused {}",
-        on(ctx.caps.fused_prepare)
+        "dispatches   compress+query fused {}  one-row score tiles {}",
+        on(ctx.caps.fused_prepare),
+        on(ctx.caps.one_row_scores)
     );
     if ctx.caps.llvmpipe {
         println!(

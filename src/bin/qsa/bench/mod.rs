@@ -78,6 +78,9 @@ pub struct BenchArgs {
     /// of light invocations, meant for GPUs).
     #[arg(long)]
     pub gpu_nsa: bool,
+    /// Score every row of the QSA presets in one-row tiles, prefill included (meant for GPUs).
+    #[arg(long)]
+    pub one_row_scores: bool,
     /// Run the QSA presets' compress and query preparation as two dispatches instead of one.
     #[arg(long)]
     pub no_fused_prepare: bool,
@@ -207,6 +210,7 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         disable_thread_pinning: args.no_thread_pinning,
         split_topk: args.split_topk,
         gpu_nsa: args.gpu_nsa,
+        one_row_scores: args.one_row_scores,
         disable_fused_prepare: args.no_fused_prepare,
     })?;
     eprintln!("qsa bench: {}", ctx.describe());

@@ -58,13 +58,13 @@ pub fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// Which kernel variants the context allows (subgroups, texture copies, 32-byte loads, the
-/// split top-k, the GPU-shaped NSA kernels, compress and query preparation in one dispatch)
-/// and how many CPU-adapter workers it bound to cores.
+/// split top-k, the GPU-shaped NSA kernels, one-row score tiles, compress and query
+/// preparation in one dispatch) and how many CPU-adapter workers it bound to cores.
 fn variants(ctx: &Context) -> String {
     let on = |b: bool| if b { "on" } else { "off" };
     format!(
         "subgroups {}, textures {}, 32-byte loads {}, split top-k {}, GPU-shaped NSA {}, \
-         fused compress+query {}, workers bound to cores {}",
+         one-row score tiles {}, fused compress+query {}, workers bound to cores {}",
         ctx.caps
             .subgroup_size
             .map_or("off".to_string(), |n| format!("{n} lanes")),
@@ -72,6 +72,7 @@ fn variants(ctx: &Context) -> String {
         on(ctx.caps.wide_loads),
         on(ctx.caps.split_topk),
         on(ctx.caps.gpu_nsa),
+        on(ctx.caps.one_row_scores),
         on(ctx.caps.fused_prepare),
         ctx.pinned_workers
     )
@@ -189,6 +190,7 @@ pub fn json(
         "wide_loads": ctx.caps.wide_loads,
         "split_topk": ctx.caps.split_topk,
         "gpu_nsa": ctx.caps.gpu_nsa,
+        "one_row_scores": ctx.caps.one_row_scores,
         "fused_prepare": ctx.caps.fused_prepare,
         "pinned_workers": ctx.pinned_workers,
         "copy_gbs": roof.copy_gbs,
