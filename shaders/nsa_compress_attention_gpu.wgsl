@@ -54,7 +54,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let r = w.r;
     let nh = w.nh;
     let j = w.lo + lid;  // this invocation's token
-    let rb = cache_row(w.b, min(j, w.vis - 1u)) * P.n2 * P.dqk + w.kv * P.dqk;
+    let rb = key_row(w.b, w.kv, j, w.vis);
     var a = mat4x4<f32>();
     for (var c0 = 0u; c0 < P.dqk; c0 += DC) {
         let dc = min(DC, P.dqk - c0);

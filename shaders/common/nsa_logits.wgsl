@@ -75,21 +75,23 @@ fn logits_work(id: u32, lid: u32) -> LogitsWork {
                       min(HC, g - hc * HC), skip);
 }
 
-// Element offsets of the K rows (KV head kv, batch b) of an invocation's 16 tokens j0 + 64·t;
-// tokens past vis take the last visible row.
+// Element offset of the K row (KV head kv, batch b) of token j; a token past vis takes the
+// last visible row.
+fn key_row(b: u32, kv: u32, j: u32, vis: u32) -> u32 {
+    return cache_row(b, min(j, vis - 1u)) * P.n2 * P.dqk + kv * P.dqk;
+}
+
+// key_row of an invocation's 16 tokens j0 + 64·t.
 fn key_rows16(b: u32, kv: u32, j0: u32, vis: u32) -> array<u32, 16> {
-    let last = vis - 1u;
-    let kw = P.n2 * P.dqk;
-    let off = kv * P.dqk;
     return array<u32, 16>(
-        cache_row(b, min(j0, last)) * kw + off, cache_row(b, min(j0 + 64u, last)) * kw + off,
-        cache_row(b, min(j0 + 128u, last)) * kw + off, cache_row(b, min(j0 + 192u, last)) * kw + off,
-        cache_row(b, min(j0 + 256u, last)) * kw + off, cache_row(b, min(j0 + 320u, last)) * kw + off,
-        cache_row(b, min(j0 + 384u, last)) * kw + off, cache_row(b, min(j0 + 448u, last)) * kw + off,
-        cache_row(b, min(j0 + 512u, last)) * kw + off, cache_row(b, min(j0 + 576u, last)) * kw + off,
-        cache_row(b, min(j0 + 640u, last)) * kw + off, cache_row(b, min(j0 + 704u, last)) * kw + off,
-        cache_row(b, min(j0 + 768u, last)) * kw + off, cache_row(b, min(j0 + 832u, last)) * kw + off,
-        cache_row(b, min(j0 + 896u, last)) * kw + off, cache_row(b, min(j0 + 960u, last)) * kw + off);
+        key_row(b, kv, j0, vis), key_row(b, kv, j0 + 64u, vis),
+        key_row(b, kv, j0 + 128u, vis), key_row(b, kv, j0 + 192u, vis),
+        key_row(b, kv, j0 + 256u, vis), key_row(b, kv, j0 + 320u, vis),
+        key_row(b, kv, j0 + 384u, vis), key_row(b, kv, j0 + 448u, vis),
+        key_row(b, kv, j0 + 512u, vis), key_row(b, kv, j0 + 576u, vis),
+        key_row(b, kv, j0 + 640u, vis), key_row(b, kv, j0 + 704u, vis),
+        key_row(b, kv, j0 + 768u, vis), key_row(b, kv, j0 + 832u, vis),
+        key_row(b, kv, j0 + 896u, vis), key_row(b, kv, j0 + 960u, vis));
 }
 
 // Workgroup-uniform control flow only (barriers). Head chunk hc of (query row, KV head) rk,

@@ -52,15 +52,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
 }
 
-fn context(backend: &Option<String>) -> Result<std::sync::Arc<Context>> {
-    Context::new_blocking(&ContextOptions {
-        backends: backend.clone(),
-        ..Default::default()
-    })
-}
-
-/// The context of `qsa run`: the default one, or with the GPU-shaped NSA kernels.
-fn run_context(backend: &Option<String>, gpu_nsa: bool) -> Result<std::sync::Arc<Context>> {
+/// The default context on `backend`, or with the GPU-shaped NSA kernels (`qsa run --gpu-nsa`).
+fn context(backend: &Option<String>, gpu_nsa: bool) -> Result<std::sync::Arc<Context>> {
     Context::new_blocking(&ContextOptions {
         backends: backend.clone(),
         gpu_nsa,
@@ -69,7 +62,7 @@ fn run_context(backend: &Option<String>, gpu_nsa: bool) -> Result<std::sync::Arc
 }
 
 fn info(backend: &Option<String>) -> Result<()> {
-    let ctx = context(backend)?;
+    let ctx = context(backend, false)?;
     let i = &ctx.info;
     println!("adapter      {}", i.name);
     println!("backend      {:?}", i.backend);
@@ -147,7 +140,7 @@ fn run_case(
     let ctx = if cpu {
         None
     } else {
-        Some(run_context(backend, gpu_nsa)?)
+        Some(context(backend, gpu_nsa)?)
     };
     let exec = match &ctx {
         Some(ctx) => Exec::Gpu(ctx),

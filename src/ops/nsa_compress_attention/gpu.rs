@@ -169,6 +169,12 @@ impl NsaCompressAttentionParams {
 const CHANNELS: u64 = 16;
 const WG: u64 = 64;
 
+/// Parts of each stage-2 split (`parts_per_split()` in the WGSL): the workgroup's WG
+/// invocations over ⌈Dv / CHANNELS⌉ channel tiles.
+fn parts_per_split(dv: u64) -> u64 {
+    WG / dv.div_ceil(CHANNELS).max(1)
+}
+
 /// f32 words of the scratch buffer the stages pass their results through, read 4 heads at a
 /// time (layout in `shaders/common/nsa_attention.wgsl`). With Q = ceil(G / 4) head quads: the
 /// logits `[R·N2, c_max, Q]`, the softmax statistics of each stage-1 split
@@ -180,7 +186,7 @@ pub fn scratch_words(prm: &NsaCompressAttentionParams) -> u64 {
     let (c, dv) = (prm.c_max as u64, prm.dv as u64);
     let g = (prm.n1 / prm.n2.max(1)) as u64;
     let q = g.div_ceil(4);
-    let parts = c.div_ceil(SPLIT2) * (WG / dv.div_ceil(CHANNELS).max(1));
+    let parts = c.div_ceil(SPLIT2) * parts_per_split(dv);
     let stats = g.div_ceil(16) * c.div_ceil(SPLIT1_GPU as u64) * 8;
     let per_kv_head = c * q + stats + parts * dv * q;
     4 * prm.rows as u64 * prm.n2 as u64 * per_kv_head
@@ -225,7 +231,7 @@ pub fn loop_iterations(p: &NsaCompressAttentionParams) -> u64 {
     let tiles = split2 / TILE;
     // The stage-1 split (unset: the smaller, with more statistics to merge).
     let split1 = if p.split1 == 0 { SPLIT1_GPU } else { p.split1 } as u64;
-    let nparts = WG / dv.div_ceil(CHANNELS).max(1);
+    let nparts = parts_per_split(dv);
     // Per head chunk: the portable kernel's merge of the stage-1 statistics and its tiles; the
     // subgroup variant's merge in every invocation (4 quads) and its part's batches of 8
     // tokens (a part is an eighth of the split), each with the touch of the next batch's V
@@ -446,7 +452,7 @@ pub fn dispatch_nsa_compress_attention<'a>(
     let c = prm.c_max as u64;
     // The GPU-shaped values kernel takes a workgroup per part of each split.
     let parts = if ctx.caps.gpu_nsa {
-        WG / (prm.dv as u64).div_ceil(CHANNELS)
+        parts_per_split(prm.dv as u64)
     } else {
         1
     };
