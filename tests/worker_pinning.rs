@@ -1,7 +1,10 @@
 //! The context binds a CPU adapter's compute workers to a core each (src/gpu/pin.rs): on
-//! llvmpipe with 2 to 16 usable cores (Mesa's default of one worker per core) every worker is
-//! bound, each to a different core, and no other thread of the process is touched; the
-//! operators still give the CPU reference's results. Linux only (elsewhere nothing is bound).
+//! llvmpipe, when Mesa started one rasterizer thread (and so one compute worker) per core the
+//! process may run on, 2 to 16 of them, every worker is bound, each to a different core, and
+//! no other thread of the process is touched. Where the counts differ (a machine whose cores
+//! are limited by a CPU quota rather than by the affinity mask, or more cores than Mesa's
+//! thread limit) nothing is bound. The operators still give the CPU reference's results.
+//! Linux only (elsewhere nothing is bound).
 
 mod util;
 
@@ -34,39 +37,84 @@ fn affinities() -> Vec<(String, String)> {
         .collect()
 }
 
+/// How many cores a /proc `Cpus_allowed_list` ("0-3,8,10-11") names.
+#[cfg(target_os = "linux")]
+fn count_cpus(list: &str) -> usize {
+    list.split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => {
+                r.parse::<usize>().unwrap();
+                1
+            }
+        })
+        .sum()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn cpu_lists_are_counted() {
+    assert_eq!(count_cpus("0"), 1);
+    assert_eq!(count_cpus("0-1"), 2);
+    assert_eq!(count_cpus("0-3,8,10-11"), 7);
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn llvmpipe_workers_are_bound_one_per_core() {
     // The cores this thread (and every thread the process had) may use.
     let all = cpus_allowed(std::path::Path::new("/proc/thread-self"));
-    assert!(affinities().iter().all(|(_, c)| *c == all));
+    let before = affinities();
+    assert!(before.iter().all(|(_, c)| *c == all));
     let ctx = util::ctx();
-    let cores = std::thread::available_parallelism().unwrap().get();
+    let cores = count_cpus(&all);
     let after = affinities();
-    let single: Vec<&(String, String)> = after.iter().filter(|(_, c)| *c != all).collect();
+    // Mesa's rasterizer threads, one per worker it starts.
+    let rasterizers = after
+        .iter()
+        .filter(|(n, _)| {
+            n.strip_prefix("llvmpipe-")
+                .is_some_and(|i| i.parse::<u32>().is_ok())
+        })
+        .count()
+        - before
+            .iter()
+            .filter(|(n, _)| n.starts_with("llvmpipe-"))
+            .count();
+    // Threads bound to one core other than the process's set. (Under a narrowed mask, as with
+    // `taskset -c 0`, Mesa's disk-cache thread widens its own to every core; it is not ours.)
+    let single: Vec<&(String, String)> = after
+        .iter()
+        .filter(|(_, c)| *c != all && c.parse::<usize>().is_ok())
+        .collect();
+    let widened = after
+        .iter()
+        .filter(|(_, c)| *c != all && c.parse::<usize>().is_err());
+    assert!(
+        widened.clone().all(|(_, c)| count_cpus(c) > cores),
+        "{after:?}"
+    );
     eprintln!(
-        "{} (llvmpipe {}), {cores} cores, {} bound: {single:?}",
+        "{} (llvmpipe {}), {cores} cores allowed ({all}), {rasterizers} rasterizer threads, \
+         {} bound: {single:?}",
         ctx.describe(),
         ctx.caps.llvmpipe,
         ctx.pinned_workers
     );
-    // Exactly the bound workers run on other cores than the process's, one core each, all
-    // different.
+    // Exactly the bound workers run on one core other than the process's set, all different;
+    // no thread was narrowed otherwise.
     assert_eq!(single.len(), ctx.pinned_workers);
+    assert!(widened.clone().all(|(n, _)| !n.starts_with("llvmpipe")));
     let mut seen: Vec<&str> = single.iter().map(|(_, c)| c.as_str()).collect();
-    assert!(seen.iter().all(|c| c.parse::<usize>().is_ok()), "{seen:?}");
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), single.len());
     assert!(single.iter().all(|(n, _)| !n.starts_with("llvmpipe-")));
-    if ctx.caps.llvmpipe
-        && std::env::var_os("LP_NUM_THREADS").is_none()
-        && (2..=16).contains(&cores)
-    {
+    if ctx.caps.llvmpipe && (2..=16).contains(&cores) && rasterizers == cores {
         assert_eq!(ctx.pinned_workers, cores, "every llvmpipe worker bound");
     }
-    if !ctx.caps.llvmpipe {
-        assert_eq!(ctx.pinned_workers, 0);
+    if !ctx.caps.llvmpipe || rasterizers != cores {
+        assert_eq!(ctx.pinned_workers, 0, "nothing bound");
     }
 
     // The bound workers run the operators as before: block_topk against the CPU reference.
