@@ -12,7 +12,8 @@
 //! workers are therefore the threads that did not exist before the context was made, were
 //! started after the last `llvmpipe-N`, and have the creating thread's name. They are bound
 //! only when there is exactly one of them per core this thread may run on; otherwise (another
-//! driver version, `LP_NUM_THREADS`, a larger machine, contexts made at once on several
+//! driver version, an `LP_NUM_THREADS` other than the core count, more cores than Mesa's
+//! thread limit, a CPU quota over a wider affinity mask, contexts made at once on several
 //! threads) nothing is changed.
 
 /// A thread of this process: its id and name.
