@@ -391,6 +391,48 @@ fn bench_runs_the_peer_before_each_preset() {
 }
 
 #[test]
+fn bench_reports_a_failing_peer() {
+    // A peer that fails: `qsa bench` stops with an error that names the flag, the command and
+    // the peer's own message, and writes no chart.
+    let dir = ScratchDir::new("failing-peer");
+    let script = dir.file("peer.sh");
+    std::fs::write(&script, "echo 'no torch here' >&2\nexit 3\n").unwrap();
+    let svg = dir.file("chart.svg");
+    let _ = std::fs::remove_file(&svg);
+    let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
+        .args([
+            "bench",
+            "--preset",
+            "nsa-decode",
+            "--dtype",
+            "bf16",
+            "--runs",
+            "1",
+        ])
+        .args(["--json", "--python", "sh", "--peer"])
+        .arg(&script)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("bench: attribute `peer`"), "{err}");
+    assert!(
+        err.contains(&format!("`sh {}` failed", script.display())),
+        "{err}"
+    );
+    assert!(err.contains("no torch here"), "{err}");
+    assert!(!err.contains("case file"), "{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!svg.exists());
+}
+
+#[test]
 fn bench_redraws_a_recorded_run() {
     // The H200 record in docs: every preset and type gets its bar, every stage its key, and
     // the keys stay inside the chart (eleven stage names need two rows).

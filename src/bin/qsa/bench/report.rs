@@ -21,16 +21,25 @@ pub fn run_peer(python: &str, script: &str, preset: &str, runs: usize) -> Result
             source,
         })?;
     if !out.status.success() {
-        return Err(Error::Case(format!(
-            "the peer failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(Error::attr(
+            "bench",
+            "peer",
+            format!(
+                "`{python} {script}` failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
     }
     let mut median = None;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| Error::Case(format!("the peer printed {line:?}: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+            Error::attr(
+                "bench",
+                "peer",
+                format!("`{python} {script}` printed {line:?}: {e}"),
+            )
+        })?;
         if v["preset"].as_str() == Some(preset) {
             median = median.or(v["median_ms"].as_f64());
         }
