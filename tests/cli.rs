@@ -296,6 +296,14 @@ fn info_lists_adapter_and_limits() {
         on(ctx.caps.fused_prepare)
     );
     assert!(s.contains(&fused), "no `{fused}` in {s}");
+    // llvmpipe's workers as this process's context found them (the same machine, the same
+    // counts; another process, so only the counts are compared).
+    if ctx.caps.llvmpipe {
+        let workers = format!("workers      llvmpipe: {}", ctx.pinning.describe());
+        assert!(s.contains(&workers), "no `{workers}` in {s}");
+    } else {
+        assert!(!s.contains("workers "), "{s}");
+    }
     if ctx.info.device_type == wgpu::DeviceType::Cpu {
         assert!(ctx.caps.textures, "a CPU adapter reads texture copies");
     }

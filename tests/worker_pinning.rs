@@ -99,22 +99,29 @@ fn llvmpipe_workers_are_bound_one_per_core() {
          {} bound: {single:?}",
         ctx.describe(),
         ctx.caps.llvmpipe,
-        ctx.pinned_workers
+        ctx.pinning.bound
     );
     // Exactly the bound workers run on one core other than the process's set, all different;
     // no thread was narrowed otherwise.
-    assert_eq!(single.len(), ctx.pinned_workers);
+    assert_eq!(single.len(), ctx.pinning.bound);
     assert!(widened.clone().all(|(n, _)| !n.starts_with("llvmpipe")));
     let mut seen: Vec<&str> = single.iter().map(|(_, c)| c.as_str()).collect();
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), single.len());
     assert!(single.iter().all(|(n, _)| !n.starts_with("llvmpipe-")));
+    // The context found Mesa's workers (one per rasterizer thread) and the mask's cores.
+    if ctx.caps.llvmpipe {
+        assert_eq!(ctx.pinning.workers, rasterizers, "{:?}", ctx.pinning);
+        assert_eq!(ctx.pinning.cores, cores, "{:?}", ctx.pinning);
+    } else {
+        assert_eq!(ctx.pinning, Default::default());
+    }
     if ctx.caps.llvmpipe && (2..=16).contains(&cores) && rasterizers == cores {
-        assert_eq!(ctx.pinned_workers, cores, "every llvmpipe worker bound");
+        assert_eq!(ctx.pinning.bound, cores, "every llvmpipe worker bound");
     }
     if !ctx.caps.llvmpipe || rasterizers != cores {
-        assert_eq!(ctx.pinned_workers, 0, "nothing bound");
+        assert_eq!(ctx.pinning.bound, 0, "nothing bound");
     }
 
     // The bound workers run the operators as before: block_topk against the CPU reference.

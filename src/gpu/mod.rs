@@ -136,9 +136,10 @@ pub struct Context {
     /// Three more, bound where optional outputs are absent (writable bindings of one
     /// dispatch must not share a buffer).
     pub(crate) dummy_out: [wgpu::Buffer; 3],
-    /// How many of a CPU adapter's compute workers this context bound to a core each ([`pin`];
-    /// 0 where it left them to the scheduler).
-    pub pinned_workers: usize,
+    /// A CPU adapter's compute workers, the cores they may run on, and how many of them this
+    /// context bound to a core each ([`pin`]; all zero where it did not look: another adapter,
+    /// or `disable_thread_pinning`).
+    pub pinning: pin::Pinning,
 }
 
 /// The host's CPU cores, read once per process (on Linux `available_parallelism` reads the
@@ -279,10 +280,10 @@ impl Context {
         let dummy = scratch("qsa.dummy");
         let dummy_out = ["qsa.dummy_out.0", "qsa.dummy_out.1", "qsa.dummy_out.2"].map(scratch);
         let target = ShaderTarget::of(info.backend);
-        let pinned_workers = if caps.llvmpipe && !opts.disable_thread_pinning {
+        let pinning = if caps.llvmpipe && !opts.disable_thread_pinning {
             pin::bind_new_workers(&threads_before)
         } else {
-            0
+            pin::Pinning::default()
         };
         Ok(Arc::new(Context {
             instance,
@@ -295,7 +296,7 @@ impl Context {
             cache: PipelineCache::new(target),
             dummy,
             dummy_out,
-            pinned_workers,
+            pinning,
         }))
     }
 

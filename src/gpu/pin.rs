@@ -125,33 +125,75 @@ pub fn before() -> Before {
     }
 }
 
+/// What [`bind_new_workers`] found and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pinning {
+    /// The compute workers the adapter started (0 where none were found: another driver,
+    /// another platform, or Mesa running single-threaded).
+    pub workers: usize,
+    /// The cores the creating thread may run on (its affinity mask; 0 where not read).
+    pub cores: usize,
+    /// How many of the workers were bound to a core each (0 where nothing was changed).
+    pub bound: usize,
+}
+
+impl Pinning {
+    /// One line for `qsa info`: what was found and bound.
+    pub fn describe(&self) -> String {
+        if self.workers == 0 {
+            "none found (left to the scheduler)".to_string()
+        } else if self.bound > 0 {
+            format!(
+                "{} of {} bound to a core each ({} cores in the affinity mask)",
+                self.bound, self.workers, self.cores
+            )
+        } else {
+            format!(
+                "{} left to the scheduler ({} cores in the affinity mask; bound only at one \
+                 worker per core)",
+                self.workers, self.cores
+            )
+        }
+    }
+}
+
 /// Binds the compute workers started since `b`, one per core, where there is one per core
-/// this thread may use. Returns how many were bound (0 where nothing was changed).
-pub fn bind_new_workers(b: &Before) -> usize {
+/// this thread may use; says what it found and how many it bound.
+pub fn bind_new_workers(b: &Before) -> Pinning {
     #[cfg(target_os = "linux")]
     {
-        let Some(name) = &b.name else { return 0 };
+        let Some(name) = &b.name else {
+            return Pinning::default();
+        };
         let w = workers(&b.tasks, &os::tasks(), name);
         let cpus = os::allowed_cpus();
+        let mut p = Pinning {
+            workers: w.len(),
+            cores: cpus.len(),
+            bound: 0,
+        };
         if w.len() < 2 || w.len() != cpus.len() {
             log::debug!(
                 "llvmpipe workers {w:?} on {} cores: left to the scheduler",
                 cpus.len()
             );
-            return 0;
+            return p;
         }
-        let bound = w
+        p.bound = w
             .iter()
             .zip(&cpus)
             .filter(|&(&t, &c)| os::bind(t, c))
             .count();
-        log::debug!("llvmpipe workers {w:?} bound to cores {cpus:?} ({bound} bound)");
-        bound
+        log::debug!(
+            "llvmpipe workers {w:?} bound to cores {cpus:?} ({} bound)",
+            p.bound
+        );
+        p
     }
     #[cfg(not(target_os = "linux"))]
     {
         let _ = b;
-        0
+        Pinning::default()
     }
 }
 
@@ -164,6 +206,25 @@ mod tests {
             tid,
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn describes_what_it_found() {
+        let p = |workers, cores, bound| Pinning {
+            workers,
+            cores,
+            bound,
+        };
+        assert_eq!(
+            p(2, 2, 2).describe(),
+            "2 of 2 bound to a core each (2 cores in the affinity mask)"
+        );
+        assert_eq!(
+            p(16, 64, 0).describe(),
+            "16 left to the scheduler (64 cores in the affinity mask; bound only at one worker \
+             per core)"
+        );
+        assert_eq!(p(0, 2, 0).describe(), "none found (left to the scheduler)");
     }
 
     #[test]

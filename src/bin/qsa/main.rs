@@ -98,10 +98,7 @@ fn info(backend: &Option<String>) -> Result<()> {
         on(ctx.caps.one_row_scores)
     );
     if ctx.caps.llvmpipe {
-        println!(
-            "workers      {} bound to a core each (llvmpipe)",
-            ctx.pinned_workers
-        );
+        println!("workers      llvmpipe: {}", ctx.pinning.describe());
     }
     let l = &ctx.limits;
     println!(

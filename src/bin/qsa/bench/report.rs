@@ -83,7 +83,7 @@ fn variants(ctx: &Context) -> String {
         on(ctx.caps.gpu_nsa),
         on(ctx.caps.one_row_scores),
         on(ctx.caps.fused_prepare),
-        ctx.pinned_workers
+        ctx.pinning.bound
     )
 }
 
@@ -201,7 +201,9 @@ pub fn json(
         "gpu_nsa": ctx.caps.gpu_nsa,
         "one_row_scores": ctx.caps.one_row_scores,
         "fused_prepare": ctx.caps.fused_prepare,
-        "pinned_workers": ctx.pinned_workers,
+        "pinned_workers": ctx.pinning.bound,
+        "llvmpipe_workers": ctx.pinning.workers,
+        "affinity_cores": ctx.pinning.cores,
         "copy_gbs": roof.copy_gbs,
         "read_gbs": roof.read_gbs,
         "texture_read_gbs": roof.texture_read_gbs,
