@@ -309,6 +309,21 @@ fn info_lists_adapter_and_limits() {
     }
 }
 
+/// `qsa bench` over one bf16 nsa-decode run: the shortest bench, for the peer's tests.
+fn short_bench() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_qsa"));
+    c.args([
+        "bench",
+        "--preset",
+        "nsa-decode",
+        "--dtype",
+        "bf16",
+        "--runs",
+        "1",
+    ]);
+    c
+}
+
 #[test]
 fn bench_runs_the_peer_before_each_preset() {
     let dir = ScratchDir::new("cli");
@@ -365,16 +380,7 @@ fn bench_runs_the_peer_before_each_preset() {
     // `sh` cannot say which torch it runs: no runtime is recorded.
     assert_eq!(v["peer_runtime"], serde_json::Value::Null, "{v}");
     // One that can: it is recorded, and printed with the table.
-    let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
-        .args([
-            "bench",
-            "--preset",
-            "nsa-decode",
-            "--dtype",
-            "bf16",
-            "--runs",
-            "1",
-        ])
+    let out = short_bench()
         .arg("--python")
         .arg(&python)
         .arg("--peer")
@@ -407,16 +413,7 @@ fn bench_reports_a_failing_peer() {
     std::fs::write(&script, "echo 'no torch here' >&2\nexit 3\n").unwrap();
     let svg = dir.file("chart.svg");
     let _ = std::fs::remove_file(&svg);
-    let out = Command::new(env!("CARGO_BIN_EXE_qsa"))
-        .args([
-            "bench",
-            "--preset",
-            "nsa-decode",
-            "--dtype",
-            "bf16",
-            "--runs",
-            "1",
-        ])
+    let out = short_bench()
         .args(["--json", "--python", "sh", "--peer"])
         .arg(&script)
         .arg("--svg")
