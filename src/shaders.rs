@@ -126,6 +126,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/block_topk_split.wgsl"),
     ),
     (
+        "block_topk_chunks.wgsl",
+        include_str!("../shaders/block_topk_chunks.wgsl"),
+    ),
+    (
         "common/block_score.wgsl",
         include_str!("../shaders/common/block_score.wgsl"),
     ),

@@ -295,6 +295,43 @@ fn wide_rows_sampled_threshold_and_its_fallbacks() {
 }
 
 #[test]
+fn rows_wider_than_one_selection() {
+    // W > 65536 (DSA's r = 1 over a long context): the row is selected in chunks of at most
+    // 65536 columns whose k best are merged (src/ops/block_topk_chunks.rs). Ties across chunk
+    // boundaries, NaN, ±0 and -inf; the best columns in the padded last chunk, in the first,
+    // or spread; fewer candidates than k; W = 131072 (two whole chunks) and 140003 (three,
+    // the last padded).
+    let mut rng = Rng::new(0x3c);
+    let w = 140_003;
+    let tied: Vec<f32> = (0..2).flat_map(|_| tied_row(&mut rng, w, 20)).collect();
+    for k in [2048, 100, 1] {
+        check(&tied, [1, 2, w], k, &format!("tied rows, W = {w}, k = {k}"));
+    }
+    // Every score equal: the k lowest columns.
+    check(
+        &vec![1.0; 70_001],
+        [1, 1, 70_001],
+        2048,
+        "all equal, W = 70001",
+    );
+    // Rising scores: the best are the last columns, in the padded chunk; falling: the first.
+    let rising: Vec<f32> = (0..w).map(|c| c as f32).collect();
+    check(&rising, [1, 1, w], 512, "rising, W = 140003");
+    let falling: Vec<f32> = (0..w).map(|c| -(c as f32)).collect();
+    check(&falling, [1, 1, w], 512, "falling, W = 140003");
+    // Few candidates (fewer than k in all, some chunks with none) and NaN only at the end.
+    let mut sparse = vec![NEG_INF; w];
+    for _ in 0..700 {
+        sparse[rng.below(70_000)] = rng.normal();
+    }
+    sparse[w - 50..].fill(f32::NAN);
+    check(&sparse, [1, 1, w], 2048, "fewer candidates than k");
+    // A DSA decode row at 128K tokens, with a prefill-like batch of rows.
+    let dsa = rng.normals(3 * 131_072);
+    check(&dsa, [3, 1, 131_072], 2048, "W = 131072, k = 2048");
+}
+
+#[test]
 fn more_rows_than_one_grid_dimension() {
     // 65,600 rows > 65,535 workgroups per dimension: the dispatch is split over x and y. Rows
     // are tiny because each workgroup costs ~0.1 ms on lavapipe whatever its row.
@@ -544,9 +581,9 @@ fn bad_inputs_name_the_operator() {
             attrs(&[("k", json!(4))]),
         ),
         (
-            "W too wide",
-            Tensor::zeros(DType::F32, &[1, 1, 65537]),
-            attrs(&[("k", json!(4))]),
+            "W too wide for the chunks' merged row (33 chunks · k = 2048 > 65536)",
+            Tensor::zeros(DType::F32, &[1, 1, 32 * 65536 + 1]),
+            attrs(&[("k", json!(2048))]),
         ),
     ];
     let ctx = util::ctx();

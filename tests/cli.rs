@@ -1,6 +1,6 @@
 //! `qsa run` on case files: GPU and CPU outputs agree (NSA's compressed attention also on its
 //! GPU-shaped kernels, `--gpu-nsa`), and a bad case exits non-zero with a message on stderr and
-//! writes no output file.
+//! writes no output file; `--backend cpu` is `--cpu`.
 
 mod util;
 
@@ -84,6 +84,34 @@ fn run_case_gpu_and_cpu_agree() {
             compare(&g[k], &c[k], transform_tol(dt)).unwrap_or_else(|e| panic!("{k}: {e}"));
         }
     }
+}
+
+/// `qsa run --backend cpu` (any case) is the CPU reference, as `--cpu` is: the same bytes, and
+/// no adapter asked for (a backend this machine lacks fails, `cpu` does not); it refuses
+/// `--gpu-nsa`, writing nothing.
+#[test]
+fn backend_cpu_is_the_cpu_reference() {
+    let dir = ScratchDir::new("cli-backend-cpu");
+    let case = dir.file("prepare.safetensors");
+    std::fs::write(&case, prepare_case(DType::F32).to_bytes().unwrap()).unwrap();
+    let s = case.to_str().unwrap();
+    let want = dir.file("flag.safetensors");
+    let (ok, err) = run_case(&case, &want, true);
+    assert!(ok, "{err}");
+    let want = std::fs::read(want).unwrap();
+    for name in ["cpu", "CPU"] {
+        let out = dir.file(&format!("backend-{name}.safetensors"));
+        let (ok, err) = qsa(&["run", s, "-o", out.to_str().unwrap(), "--backend", name]);
+        assert!(ok, "--backend {name}: {err}");
+        assert!(std::fs::read(&out).unwrap() == want, "--backend {name}");
+    }
+    let out = dir.file("dx12.safetensors");
+    let (ok, err) = qsa(&["run", s, "-o", out.to_str().unwrap(), "--backend", "dx12"]);
+    assert!(!ok && !out.exists(), "no DX12 adapter here: {err}");
+    let out = dir.file("gpu-nsa.safetensors");
+    let o = out.to_str().unwrap();
+    let (ok, err) = qsa(&["run", s, "-o", o, "--backend", "cpu", "--gpu-nsa"]);
+    assert!(!ok && err.contains("--gpu-nsa") && !out.exists(), "{err}");
 }
 
 /// `qsa run --gpu-nsa` runs nsa_compress_attention on its GPU-shaped kernels (the output

@@ -6,7 +6,7 @@
 use qsa_wgpu::gpu::BenchCopyParams;
 use qsa_wgpu::nsa;
 use qsa_wgpu::ops::{
-    block_score, block_topk, expand_route, nsa_compress, nsa_compress_attention,
+    block_score, block_topk, block_topk_chunks, expand_route, nsa_compress, nsa_compress_attention,
     qsa_compress_paged, qsa_prepare, qsa_prepare_query, sparse_attention,
 };
 use qsa_wgpu::shaders;
@@ -223,6 +223,12 @@ fn params_structs_match_wgsl_layout() {
         block_topk::BlockTopkParams,
         "BlockTopkParams",
         [rows, w, k, out_base, hs, r, width, _pad]
+    );
+    check_params!(
+        "block_topk_chunks",
+        block_topk_chunks::BlockTopkChunksParams,
+        "BlockTopkChunksParams",
+        [rows, wc, nch, k]
     );
     check_params!(
         "block_score",

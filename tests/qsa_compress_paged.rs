@@ -138,6 +138,40 @@ fn gpu_matches_cpu() {
 }
 
 #[test]
+fn large_ratios() {
+    // Ratios past one row per invocation of the workgroup (64) up to the largest (512): the
+    // block's rows are resolved in several rounds. Pages shorter and longer than a block.
+    let ctx = util::ctx();
+    let mut rng = Rng::new(0x52);
+    for (dt, r, page, di, dr) in [
+        (DType::F32, 64, 32, 40, 16),
+        (DType::F32, 65, 100, 72, 0),
+        (DType::BF16, 200, 64, 128, 64),
+        (DType::F16, 512, 512, 40, 8),
+        (DType::F32, 512, 48, 24, 0),
+    ] {
+        for mode in [CompressMode::Incremental, CompressMode::Full] {
+            let cached = [rng.below(3 * r), 0];
+            let counts = [cached[0] + r + rng.below(2 * r), 2 * r + 1];
+            let p = problem(&mut rng, dt, &cached, &counts, di, dr, true, r, page, 1, 0);
+            let a = QsaCompressAttrs {
+                ratio: r,
+                rotary_dim: (dr > 0).then_some(dr),
+                epsilon: 1e-6,
+                norm_weight_offset: 1.0,
+                layer_idx: 0,
+                page_stride: None,
+                mode,
+            };
+            let want = cpu(&p.inputs(), &a).unwrap();
+            let got = pollster::block_on(gpu(&ctx, &p.inputs(), &a)).unwrap();
+            compare(&got, &want, transform_tol(dt))
+                .unwrap_or_else(|e| panic!("{dt} r={r} page={page} {mode:?}: {e}"));
+        }
+    }
+}
+
+#[test]
 fn page_stride_and_layers() {
     let ctx = util::ctx();
     let mut rng = Rng::new(3);

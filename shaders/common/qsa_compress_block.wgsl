@@ -41,7 +41,8 @@ fn st_keys(i: u32, v: f32) {
     atomicOr(&block_keys[t_word(i)], t_bits(v, i));
 }
 
-var<workgroup> row_base: array<u32, 64>;  // pool offset of each token row of the block (r <= 64)
+const MAX_R: u32 = 512u;  // largest ratio (MAX_RATIO on the host)
+var<workgroup> row_base: array<u32, MAX_R>;  // pool offset of each token row of the block (r <= MAX_R)
 var<workgroup> bad: atomic<u32>;
 const NOT_MINE: u32 = 0x80000000u;  // a page of another shard: skip the block, no flag
 var<workgroup> bad_all: u32;
@@ -72,8 +73,8 @@ fn compress_block(id: u32, lid: u32) {
     // Resolve the pool row of each token through the page table, checking every step.
     if (lid == 0u) { atomicStore(&bad, 0u); }
     workgroupBarrier();
-    if (lid < U.c.r) {
-        let pos = pos0 + lid;
+    for (var i = lid; i < U.c.r; i += WG) {
+        let pos = pos0 + i;
         let slot = pos / U.c.page_size;
         var base = 0u;
         if (slot >= U.c.max_pages) {
@@ -88,7 +89,7 @@ fn compress_block(id: u32, lid: u32) {
                 base = (page - U.c.page_lo) * U.c.page_stride + U.c.k_off + (pos % U.c.page_size) * U.c.di;
             }
         }
-        row_base[lid] = base;
+        row_base[i] = base;
     }
     if (U.c.dr > 0u && pos0 >= U.c.freq_rows) {
         if (lid == 0u) { atomicOr(&bad, FLAG_ROPE_ROW); }

@@ -19,6 +19,7 @@ pub use step::{StepOutputs, FUSED_QUERY_PAIRS};
 
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, WordTexture};
+use crate::ops::block_topk;
 use crate::ops::common::BindCache;
 use crate::paged::{PagedPool, PoolLayout};
 use crate::tensor::{DType, Tensor};
@@ -130,6 +131,30 @@ impl IndexerConfig {
                 format!(
                     "page_size {} must be a multiple of r = {} and hold whole 32-bit words of {} keys",
                     self.page_size, self.r, self.dtype
+                ),
+            );
+        }
+        if self.r > block_topk::MAX_ROUTE_RATIO {
+            return bad(
+                "config.r",
+                format!(
+                    "r = {} exceeds {}, the largest ratio of the step's token route",
+                    self.r,
+                    block_topk::MAX_ROUTE_RATIO
+                ),
+            );
+        }
+        // The step selects from each score row (one column per block) in one workgroup.
+        if self.max_blocks() > block_topk::MAX_W || self.k > block_topk::MAX_K {
+            return bad(
+                "config.max_len",
+                format!(
+                    "max_len / r = {} blocks per sequence (at most {}) and k = {} (at most {}): \
+                     the step selects each score row in one workgroup",
+                    self.max_blocks(),
+                    block_topk::MAX_W,
+                    self.k,
+                    block_topk::MAX_K
                 ),
             );
         }
@@ -441,5 +466,27 @@ impl QsaIndexer {
     /// Bind groups this layer has built.
     pub fn bind_groups_created(&self) -> usize {
         self.binds.created()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer whose score rows one selection cannot take is refused when it is made, not at
+    /// its first step.
+    #[test]
+    fn score_rows_must_fit_one_selection() {
+        let ok = IndexerConfig::qwen(DType::BF16, 4 * block_topk::MAX_W, 2);
+        assert!(ok.check().is_ok());
+        let long = IndexerConfig::qwen(DType::BF16, 4 * block_topk::MAX_W + 4, 2);
+        let e = long.check().unwrap_err().to_string();
+        assert!(e.contains("config.max_len") && e.contains("65537"), "{e}");
+        let mut dsa = IndexerConfig::qwen(DType::BF16, 4096, 2);
+        dsa.k = block_topk::MAX_K + 1;
+        assert!(dsa.check().unwrap_err().to_string().contains("2049"));
+        let mut coarse = IndexerConfig::qwen(DType::BF16, 4096, 2);
+        (coarse.r, coarse.page_size) = (128, 128);
+        assert!(coarse.check().unwrap_err().to_string().contains("config.r"));
     }
 }

@@ -6,15 +6,21 @@
 use super::common::*;
 use crate::error::{Error, Result};
 use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
-use crate::ops::qsa_compress_paged::MAX_RATIO;
 use crate::tensor::{DType, Tensor};
 use std::cmp::Ordering;
 
 pub const OP: &str = "block_topk";
 
+/// Largest ratio of the fused token route ([`TopkRoute`]): its loops run up to 8 · r
+/// iterations per owned winner within llvmpipe's per-invocation budget (docs/operators.md,
+/// block_topk).
+pub const MAX_ROUTE_RATIO: usize = 64;
+
 /// Largest k: the shader ranks the selection in workgroup memory (`MAX_K` in the WGSL).
 pub const MAX_K: usize = 2048;
-/// Largest row width: the shader keys ties by a 16-bit column index.
+/// Largest row width of one selection: the shader keys ties by a 16-bit column index. Wider
+/// rows are selected in chunks ([`block_topk_chunks`](super::block_topk_chunks)) by [`gpu`];
+/// [`dispatch_topk`] refuses them.
 pub const MAX_W: usize = 65536;
 
 /// Whether rows of width `w` are wide for the shader (entry point `wide`, else `main`): they take a sampled threshold
@@ -210,13 +216,6 @@ pub fn validate(x: &BlockTopkInputs, a: &BlockTopkAttrs) -> Result<Plan> {
     let &[t, hs, w] = rank(OP, "scores", x.scores, 3)? else {
         unreachable!()
     };
-    if w > MAX_W {
-        return Err(Error::input(
-            OP,
-            "scores",
-            format!("row width W = {w} exceeds {MAX_W}"),
-        ));
-    }
     if a.k == 0 || a.k > MAX_K {
         return Err(Error::attr(
             OP,
@@ -224,6 +223,8 @@ pub fn validate(x: &BlockTopkInputs, a: &BlockTopkAttrs) -> Result<Plan> {
             format!("must be in 1..={MAX_K}, got {}", a.k),
         ));
     }
+    // Rows wider than one selection takes are cut into chunks (block_topk_chunks).
+    super::block_topk_chunks::validate(t.saturating_mul(hs), w, a.k)?;
     // Element offsets are u32 in the shader.
     let rows = t.saturating_mul(hs);
     if rows.saturating_mul(w.max(a.k)) > u32::MAX as usize {
@@ -346,10 +347,12 @@ pub fn dispatch_topk<'a>(
         }
         (Some(rt), r) if r > 0 => {
             let (hs, width) = (params.hs as u64, params.width as u64);
-            // The ratios of qsa_compress_paged; larger ones would also strain llvmpipe's
-            // per-invocation loop budget (docs/operators.md, block_topk).
-            if r as usize > MAX_RATIO {
-                return Err(Error::attr(OP, "r", format!("{r} exceeds {MAX_RATIO}")));
+            if r as usize > MAX_ROUTE_RATIO {
+                return Err(Error::attr(
+                    OP,
+                    "r",
+                    format!("{r} exceeds {MAX_ROUTE_RATIO}"),
+                ));
             }
             let want = k * r as u64 + r as u64 - 1;
             if width != want {
@@ -512,6 +515,9 @@ pub async fn gpu(
     a: &BlockTopkAttrs,
 ) -> Result<BlockTopkOutputs> {
     let p = validate(x, a)?;
+    if p.w > MAX_W {
+        return super::block_topk_chunks::gpu(ctx, x, a, &p).await;
+    }
     let scores = GpuTensor::upload(ctx, &format!("qsa.{OP}.scores"), x.scores)?;
     // Sentinel 0x7f7f7f7f rather than 0xff..: all-ones is -1, the padding value itself, so a
     // missed padding write would pass unseen.

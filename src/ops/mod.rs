@@ -3,6 +3,7 @@
 
 pub mod block_score;
 pub mod block_topk;
+pub mod block_topk_chunks;
 pub mod common;
 pub mod expand_route;
 pub mod nsa_compress;

@@ -10,8 +10,9 @@ use crate::tensor::{DType, Tensor};
 
 pub const OP: &str = "qsa_compress_paged";
 
-/// Largest ratio the shader resolves in one workgroup.
-pub const MAX_RATIO: usize = 64;
+/// Largest ratio: the shader resolves a block's token rows into a workgroup array of this
+/// many (`MAX_R` in common/qsa_compress_block.wgsl).
+pub const MAX_RATIO: usize = 512;
 
 /// `incremental` writes the blocks completed by this step; `full` recomputes all of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -460,4 +461,16 @@ pub async fn gpu(ctx: &Context, x: &QsaCompressInputs<'_>, a: &QsaCompressAttrs)
     ctx.submit(OP, enc).await?;
     let mut got = read_checked(ctx, OP, &[&keys], &flags).await?;
     Ok(got.remove(0))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The host's largest ratio is the shaders' row array (both shaders that compress blocks).
+    #[test]
+    fn max_ratio_matches_the_shaders() {
+        for shader in [super::OP, "qsa_compress_query"] {
+            let r = crate::shaders::wgsl_u32(shader, "MAX_R") as usize;
+            assert_eq!(r, super::MAX_RATIO, "{shader}");
+        }
+    }
 }

@@ -53,6 +53,14 @@ def topk_edges(qsa):
     s[s == -5] = -INF
     s[s == 4] = NAN
     yield check_valid(qsa, 'topk_wide_rows_of_ties', *topk(s, k=700))
+    # Rows wider than 65536 columns (DSA's r = 1 over a long context): ties across the whole
+    # row, NaN and -inf, the best columns at both ends.
+    s = rng.integers(-3, 4, (2, 1, 70001)).astype(np.float64)
+    s[s == -3] = -INF
+    s[s == 2] = NAN
+    s[0, 0, -5:] = 9.0
+    s[1, 0, :3] = 9.0
+    yield check_valid(qsa, 'topk_rows_past_65536_columns', *topk(s, k=300))
 
 
 # ---------------------------------------------------------------- qsa_prepare (§1)
@@ -187,6 +195,11 @@ def default_epsilon(qsa):
         yield check_valid(qsa, 'eps_default_query_' + T, {
             'index_query_raw': (T, rnd(rng, T, (2, 2, 8), small)),
             'q_norm_weight': (T, rnd(rng, T, (8,)))}, {'op': 'qsa_prepare_query'})
+        yield check_valid(qsa, 'compress_paged_ratio_past_64_' + T, {
+            'kv_blocks': (T, rnd(rng, T, (3, 2, 1, 64, 1, 8))),
+            'page_table': ('U32', np.array([[2, 0, 1]])), 'cache_lengths': ('U32', np.array([0])),
+            'key_counts': ('I32', np.array([190])), 'gamma': (T, rnd(rng, T, (8,))),
+            'block_keys': (T, np.zeros((2, 8)))}, {'op': 'qsa_compress_paged', 'ratio': J(96)})
         yield check_valid(qsa, 'eps_default_compress_' + T, {
             'kv_blocks': (T, rnd(rng, T, (2, 2, 1, 4, 1, 8), small)),
             'page_table': ('U32', np.array([[1, 0]])), 'cache_lengths': ('U32', np.array([0])),

@@ -21,6 +21,7 @@ use std::process::ExitCode;
 )]
 struct Cli {
     /// Backends to use: vulkan, gl, metal, dx12 (comma-separated); default: WGPU_BACKEND or all.
+    /// `qsa run` also takes `cpu`, the CPU reference (as its --cpu).
     #[arg(long, global = true)]
     backend: Option<String>,
     #[command(subcommand)]
@@ -134,7 +135,16 @@ fn run_case(
     gpu_nsa: bool,
 ) -> Result<()> {
     let c = Case::read(case)?;
-    let ctx = if cpu {
+    // `--backend cpu` is the CPU reference too, as a user of the other backends would write it.
+    let named_cpu = backend
+        .as_deref()
+        .is_some_and(|b| b.trim().eq_ignore_ascii_case("cpu"));
+    if named_cpu && gpu_nsa {
+        return Err(Error::Adapter(
+            "--gpu-nsa runs GPU kernels; it cannot be used with --backend cpu".into(),
+        ));
+    }
+    let ctx = if cpu || named_cpu {
         None
     } else {
         Some(context(backend, gpu_nsa)?)
