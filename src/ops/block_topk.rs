@@ -546,6 +546,15 @@ pub async fn gpu(
         .await?;
     }
     ctx.submit(OP, enc).await?;
+    read_outputs(ctx, &idx, &cnt).await
+}
+
+/// Reads a selection's outputs back from the device.
+pub(crate) async fn read_outputs(
+    ctx: &Context,
+    idx: &GpuTensor,
+    cnt: &GpuTensor,
+) -> Result<BlockTopkOutputs> {
     let got = Readback::new(
         ctx,
         &[(&idx.buffer, idx.bytes()), (&cnt.buffer, cnt.bytes())],

@@ -7,12 +7,12 @@
 //! among its chunks' k best, and ties keep the lower column (the shader says why).
 
 use super::block_topk::{
-    dispatch_topk, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs, BlockTopkParams, Plan, MAX_W,
-    OP,
+    dispatch_topk, read_outputs, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs,
+    BlockTopkParams, Plan, MAX_W, OP,
 };
 use super::common::{encode, Dispatch};
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, PipelineKey, Readback};
+use crate::gpu::{Context, GpuTensor, PipelineKey};
 use crate::tensor::{DType, Tensor};
 
 /// The chunks' join (`gather`, `map`).
@@ -178,18 +178,7 @@ pub async fn gpu(
     let n = (rows * k) as u32;
     encode(ctx, &mut enc, join(&jp, "map", join_buffers, n)).await?;
     ctx.submit(OP, enc).await?;
-
-    let got = Readback::new(
-        ctx,
-        &[(&idx.buffer, idx.bytes()), (&cnt.buffer, cnt.bytes())],
-    )
-    .await_all(ctx)
-    .await?;
-    let mut it = got.into_iter();
-    Ok(BlockTopkOutputs {
-        block_indices: Tensor::from_bytes(DType::I32, &idx.shape, it.next().unwrap())?,
-        block_count: Tensor::from_bytes(DType::I32, &cnt.shape, it.next().unwrap())?,
-    })
+    read_outputs(ctx, &idx, &cnt).await
 }
 
 #[cfg(test)]
