@@ -516,7 +516,7 @@ pub async fn gpu(
 ) -> Result<BlockTopkOutputs> {
     let p = validate(x, a)?;
     if p.w > MAX_W {
-        return super::block_topk_chunks::gpu(ctx, x, a, &p).await;
+        return super::block_topk_chunks::gpu(ctx, x, &p).await;
     }
     let scores = GpuTensor::upload(ctx, &format!("qsa.{OP}.scores"), x.scores)?;
     // Sentinel 0x7f7f7f7f rather than 0xff..: all-ones is -1, the padding value itself, so a

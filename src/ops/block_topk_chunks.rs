@@ -7,8 +7,7 @@
 //! among its chunks' k best, and ties keep the lower column (the shader says why).
 
 use super::block_topk::{
-    dispatch_topk, read_outputs, BlockTopkAttrs, BlockTopkInputs, BlockTopkOutputs,
-    BlockTopkParams, Plan, MAX_W, OP,
+    dispatch_topk, read_outputs, BlockTopkInputs, BlockTopkOutputs, Plan, MAX_W, OP,
 };
 use super::common::{encode, Dispatch};
 use crate::error::{Error, Result};
@@ -105,13 +104,8 @@ fn join<'a>(
 /// Runs a checked selection whose rows are wider than [`MAX_W`] on the GPU: one submission of
 /// four dispatches (the chunks' selections, `gather`, the merged rows' selection, `map`), then
 /// the readback.
-pub async fn gpu(
-    ctx: &Context,
-    x: &BlockTopkInputs<'_>,
-    a: &BlockTopkAttrs,
-    p: &Plan,
-) -> Result<BlockTopkOutputs> {
-    let (rows, w, k) = (p.t * p.hs, p.w, a.k);
+pub async fn gpu(ctx: &Context, x: &BlockTopkInputs<'_>, p: &Plan) -> Result<BlockTopkOutputs> {
+    let (rows, w, k) = (p.t * p.hs, p.w, p.k);
     let (nch, wc) = chunks(w).expect("rows wider than MAX_W");
     let label = |name: &str| format!("qsa.{OP}.chunks.{name}");
     let part = chunked_scores(x.scores, rows, w, nch, wc);
@@ -126,18 +120,22 @@ pub async fn gpu(
     let idx = i32s("block_indices", &[p.t, p.hs, k])?;
     let cnt = i32s("block_count", &[p.t, p.hs])?;
 
-    let first = BlockTopkParams {
-        rows: (rows * nch) as u32,
-        w: wc as u32,
-        k: k as u32,
-        ..Default::default()
-    };
-    let second = BlockTopkParams {
-        rows: rows as u32,
-        w: (nch * k) as u32,
-        k: k as u32,
-        ..Default::default()
-    };
+    // The chunks' rows, then the merged rows: each a row of one selection (dispatch_topk
+    // checks their buffers against the binding limit).
+    let first = Plan {
+        t: rows * nch,
+        hs: 1,
+        w: wc,
+        k,
+    }
+    .params();
+    let second = Plan {
+        t: rows,
+        hs: 1,
+        w: nch * k,
+        k,
+    }
+    .params();
     let jp = BlockTopkChunksParams {
         rows: rows as u32,
         wc: wc as u32,
@@ -151,9 +149,6 @@ pub async fn gpu(
         &merged_idx.buffer,
         &idx.buffer,
     ];
-    for (name, bytes) in [("scores", part.bytes()), ("merged scores", merged.bytes())] {
-        ctx.check_binding_size(OP, name, bytes)?;
-    }
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     let d = dispatch_topk(
         ctx,
