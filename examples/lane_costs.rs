@@ -76,6 +76,25 @@ fn texture_rows_cached(@builtin(global_invocation_id) g: vec3<u32>) {
     fin(acc, g.x);
 }
 
+// 16-byte loads and texel fetches, each invocation streaming its own 16 KiB (the 64 MiB once
+// over the 4096 invocations): the longest contiguous run per lane, for the hardware prefetchers.
+@compute @workgroup_size(64)
+fn load_stream(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) { acc += src[(g.x * N + i) & MASK]; }
+    fin(acc, g.x);
+}
+
+@compute @workgroup_size(64)
+fn texture_stream(@builtin(global_invocation_id) g: vec3<u32>) {
+    var acc = vec4<f32>(0.0);
+    for (var i = 0u; i < N; i++) {
+        let w = (g.x * N + i) & MASK;
+        acc += textureLoad(tex, vec2<u32>(w & 8191u, w >> 13u), 0);
+    }
+    fin(acc, g.x);
+}
+
 // 4-byte loads, each invocation walking its own 768-byte rows.
 @compute @workgroup_size(64)
 fn load_rows_4b(@builtin(global_invocation_id) g: vec3<u32>) {
@@ -234,6 +253,8 @@ const ENTRIES: &[(&str, &str)] = &[
         "load_rows_w32_cached",
         "32-byte load (vec4<u64>), own rows, 768 KiB",
     ),
+    ("load_stream", "16-byte load, own 16 KiB stream"),
+    ("texture_stream", "16-byte texel fetch, own 16 KiB stream"),
     ("load_rows_4b", "4-byte load, own row per invocation"),
     ("load_rows_32b", "two neighbouring 16-byte loads, own rows"),
     ("load_jumps", "16-byte load, neighbours, 64 KiB jumps"),
