@@ -407,6 +407,16 @@ fn bench_runs_the_peer_before_each_preset() {
     assert_eq!(v["evict_caches"], serde_json::Value::Bool(true), "{v}");
     // `sh` cannot say which torch it runs: no runtime is recorded.
     assert_eq!(v["peer_runtime"], serde_json::Value::Null, "{v}");
+    // The host CPU is recorded where Linux describes it, and printed with the progress.
+    if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+        if info.lines().any(|l| l.starts_with("model name")) {
+            let host = v["host"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no host in {v}"));
+            assert!(host.contains(" core") && !host.starts_with(' '), "{host}");
+            assert!(err.contains(&format!("host: {host}")), "{err}");
+        }
+    }
     // One that can: it is recorded, and printed with the table.
     let out = short_bench()
         .arg("--python")

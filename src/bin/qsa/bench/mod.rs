@@ -251,6 +251,10 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             presets::EVICT_BYTES >> 20
         );
     }
+    let host = report::host_cpu();
+    if let Some(h) = &host {
+        eprintln!("host: {h}");
+    }
     let peer_runtime = args
         .peer
         .as_ref()
@@ -314,10 +318,27 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
         }
     }
     let peer = peer_runtime.as_deref();
+    let host = host.as_deref();
     if args.json {
-        report::json(&ctx, &roof, hold.is_some(), evict.is_some(), peer, &all)?;
+        report::json(
+            &ctx,
+            host,
+            &roof,
+            hold.is_some(),
+            evict.is_some(),
+            peer,
+            &all,
+        )?;
     } else {
-        report::table(&ctx, &roof, hold.is_some(), evict.is_some(), peer, &all);
+        report::table(
+            &ctx,
+            host,
+            &roof,
+            hold.is_some(),
+            evict.is_some(),
+            peer,
+            &all,
+        );
     }
     if let Some(path) = &args.svg {
         report::svg(path, &ctx, &all)?;

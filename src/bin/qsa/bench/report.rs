@@ -62,6 +62,41 @@ pub fn peer_runtime(python: &str) -> Option<String> {
     (out.status.success() && text.starts_with("torch ")).then_some(text)
 }
 
+/// The host CPU, where the OS describes it (Linux's /proc/cpuinfo), with the cores this
+/// process may use: recorded with the figures because on a CPU adapter such as lavapipe the
+/// host's make moves them as much as the kernels do (docs/perf.md, "The same bench on an Intel
+/// Xeon machine"), and the adapter's name does not say which CPU it runs on.
+pub fn host_cpu() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    describe_cpu(&text, cores)
+}
+
+/// "MODEL NAME (family F, model M), N cores" (N = `cores`, left out when 0) from the text of /proc/cpuinfo (its first
+/// processor's fields; family and model where it gives them, as x86 does), or None where it
+/// names no model.
+fn describe_cpu(cpuinfo: &str, cores: usize) -> Option<String> {
+    let field = |key: &str| {
+        cpuinfo.lines().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    let name = field("model name").filter(|n| !n.is_empty())?;
+    let mut s = name;
+    if let (Some(f), Some(m)) = (field("cpu family"), field("model")) {
+        let _ = write!(s, " (family {f}, model {m})");
+    }
+    match cores {
+        0 => {}
+        1 => s.push_str(", 1 core"),
+        n => {
+            let _ = write!(s, ", {n} cores");
+        }
+    }
+    Some(s)
+}
+
 pub fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
@@ -90,6 +125,7 @@ fn variants(ctx: &Context) -> String {
 /// The table on stdout: one line per preset and type, then its stages.
 pub fn table(
     ctx: &Context,
+    host: Option<&str>,
     roof: &Roofline,
     clock_hold: bool,
     evict: bool,
@@ -97,6 +133,9 @@ pub fn table(
     all: &[Measure],
 ) {
     println!("adapter: {}", ctx.describe());
+    if let Some(h) = host {
+        println!("host: {h}");
+    }
     if let Some(p) = peer {
         println!("peer: {p}");
     }
@@ -159,6 +198,7 @@ pub fn table(
 /// One JSON object: the adapter, its rooflines and every measure.
 pub fn json(
     ctx: &Context,
+    host: Option<&str>,
     roof: &Roofline,
     clock_hold: bool,
     evict_caches: bool,
@@ -189,6 +229,7 @@ pub fn json(
         .collect();
     let v = serde_json::json!({
         "adapter": ctx.describe(),
+        "host": host,
         "backend": format!("{:?}", ctx.info.backend),
         "timestamps": ctx.caps.timestamps,
         "clock_hold": clock_hold,
@@ -379,7 +420,28 @@ fn xml(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{svg_text, Measure, Stage};
+    use super::{describe_cpu, svg_text, Measure, Stage};
+
+    #[test]
+    fn host_cpu_from_cpuinfo() {
+        let x86 = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\
+                   model\t\t: 167\nmodel name\t: Intel(R) Xeon(R) Processor\n\n\
+                   processor\t: 1\nmodel name\t: other\n";
+        assert_eq!(
+            describe_cpu(x86, 2).as_deref(),
+            Some("Intel(R) Xeon(R) Processor (family 6, model 167), 2 cores")
+        );
+        // No family or model (as on some ARM kernels), cores unknown.
+        let arm = "processor\t: 0\nmodel name\t: ARMv8 Processor rev 1 (v8l)\n";
+        assert_eq!(
+            describe_cpu(arm, 0).as_deref(),
+            Some("ARMv8 Processor rev 1 (v8l)")
+        );
+        assert!(describe_cpu(x86, 1).unwrap().ends_with("167), 1 core"));
+        // No model name: nothing to say.
+        assert_eq!(describe_cpu("processor\t: 0\nCPU part\t: 0xd0c\n", 4), None);
+        assert_eq!(describe_cpu("model name\t:\n", 4), None);
+    }
 
     fn measure(preset: &str, stages: &[&str]) -> Measure {
         let stages = stages
