@@ -317,28 +317,16 @@ pub fn run(backend: &Option<String>, args: &BenchArgs) -> Result<()> {
             all.push(m);
         }
     }
-    let peer = peer_runtime.as_deref();
-    let host = host.as_deref();
+    let run = report::RunInfo {
+        host: host.as_deref(),
+        peer: peer_runtime.as_deref(),
+        clock_hold: hold.is_some(),
+        evict_caches: evict.is_some(),
+    };
     if args.json {
-        report::json(
-            &ctx,
-            host,
-            &roof,
-            hold.is_some(),
-            evict.is_some(),
-            peer,
-            &all,
-        )?;
+        report::json(&ctx, &roof, &run, &all)?;
     } else {
-        report::table(
-            &ctx,
-            host,
-            &roof,
-            hold.is_some(),
-            evict.is_some(),
-            peer,
-            &all,
-        );
+        report::table(&ctx, &roof, &run, &all);
     }
     if let Some(path) = &args.svg {
         report::svg(path, &ctx, &all)?;

@@ -62,6 +62,18 @@ pub fn peer_runtime(python: &str) -> Option<String> {
     (out.status.success() && text.starts_with("torch ")).then_some(text)
 }
 
+/// What a bench run was, beside its figures: printed over the table and recorded in the JSON.
+pub struct RunInfo<'a> {
+    /// The host CPU (host_cpu).
+    pub host: Option<&'a str>,
+    /// The peer's runtime (peer_runtime).
+    pub peer: Option<&'a str>,
+    /// Whether the clock hold ran.
+    pub clock_hold: bool,
+    /// Whether the host's caches were evicted before each run.
+    pub evict_caches: bool,
+}
+
 /// The host CPU, where the OS describes it (Linux's /proc/cpuinfo), with the cores this
 /// process may use: recorded with the figures because on a CPU adapter such as lavapipe the
 /// host's make moves them as much as the kernels do (docs/perf.md, "The same bench on an Intel
@@ -123,24 +135,16 @@ fn variants(ctx: &Context) -> String {
 }
 
 /// The table on stdout: one line per preset and type, then its stages.
-pub fn table(
-    ctx: &Context,
-    host: Option<&str>,
-    roof: &Roofline,
-    clock_hold: bool,
-    evict: bool,
-    peer: Option<&str>,
-    all: &[Measure],
-) {
+pub fn table(ctx: &Context, roof: &Roofline, run: &RunInfo, all: &[Measure]) {
     println!("adapter: {}", ctx.describe());
-    if let Some(h) = host {
+    if let Some(h) = run.host {
         println!("host: {h}");
     }
-    if let Some(p) = peer {
+    if let Some(p) = run.peer {
         println!("peer: {p}");
     }
-    println!("clock hold: {}", if clock_hold { "on" } else { "off" });
-    if evict {
+    println!("clock hold: {}", if run.clock_hold { "on" } else { "off" });
+    if run.evict_caches {
         println!(
             "caches: evicted before each run ({} MiB of host memory written)",
             super::presets::EVICT_BYTES >> 20
@@ -196,15 +200,7 @@ pub fn table(
 }
 
 /// One JSON object: the adapter, its rooflines and every measure.
-pub fn json(
-    ctx: &Context,
-    host: Option<&str>,
-    roof: &Roofline,
-    clock_hold: bool,
-    evict_caches: bool,
-    peer: Option<&str>,
-    all: &[Measure],
-) -> Result<()> {
+pub fn json(ctx: &Context, roof: &Roofline, run: &RunInfo, all: &[Measure]) -> Result<()> {
     let ms: Vec<serde_json::Value> = all
         .iter()
         .map(|m| {
@@ -229,12 +225,12 @@ pub fn json(
         .collect();
     let v = serde_json::json!({
         "adapter": ctx.describe(),
-        "host": host,
+        "host": run.host,
         "backend": format!("{:?}", ctx.info.backend),
         "timestamps": ctx.caps.timestamps,
-        "clock_hold": clock_hold,
-        "evict_caches": evict_caches,
-        "peer_runtime": peer,
+        "clock_hold": run.clock_hold,
+        "evict_caches": run.evict_caches,
+        "peer_runtime": run.peer,
         "subgroup_size": ctx.caps.subgroup_size,
         "textures": ctx.caps.textures,
         "wide_loads": ctx.caps.wide_loads,
