@@ -232,14 +232,7 @@ fn sinks_are_merged_after_the_splits() {
         let order = rng.permutation(pages(&s, &d));
         let p = problem(&mut rng, dt, &s, &d, order);
         let want = cpu(&p.inputs(), &p.attrs).unwrap();
-        for run in [
-            Run::default(),
-            Run {
-                split_len: Some(256),
-                shard_pages: Some(5),
-                ..Default::default()
-            },
-        ] {
+        for run in Run::plain_and_split(5) {
             let (got, _) = run_device(&p, &run);
             compare(&got, &want, attention_tol(dt)).unwrap_or_else(|e| panic!("{dt}: {e}"));
             // The empty row is 0 for every head, sink or not.
@@ -367,14 +360,7 @@ fn value_width_over_shards_and_splits() {
         let p = problem(&mut rng, dt, &s, &d, order);
         let want = cpu(&p.inputs(), &p.attrs).unwrap();
         assert_eq!(want.shape, vec![3, s.h, s.ev]);
-        for run in [
-            Run::default(),
-            Run {
-                shard_pages: Some(7),
-                split_len: Some(256),
-                ..Default::default()
-            },
-        ] {
+        for run in Run::plain_and_split(7) {
             let (got, f) = run_device(&p, &run);
             assert_eq!(f, 0, "{dt} {s:?}");
             compare(&got, &want, attention_tol(dt))

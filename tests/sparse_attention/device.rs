@@ -29,6 +29,21 @@ pub struct Run {
     pub ctx: Option<Arc<Context>>,
 }
 
+impl Run {
+    /// The problem's own call, then the same call over a pool in shards of `shard_pages` pages
+    /// with its token lists split every 256 entries.
+    pub fn plain_and_split(shard_pages: usize) -> [Run; 2] {
+        [
+            Run::default(),
+            Run {
+                split_len: Some(256),
+                shard_pages: Some(shard_pages),
+                ..Default::default()
+            },
+        ]
+    }
+}
+
 /// A problem's call on the device: its uploaded inputs (the `seqs` image edited by `run.seqs`;
 /// the token lists and counts `lists` where given, device data past the host checks), its
 /// output (0xff bytes) and flag word, and the uniform block (`run.split_len` applied).

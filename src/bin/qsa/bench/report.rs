@@ -80,13 +80,12 @@ pub struct RunInfo<'a> {
 /// Xeon machine"), and the adapter's name does not say which CPU it runs on.
 pub fn host_cpu() -> Option<String> {
     let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    describe_cpu(&text, cores)
+    describe_cpu(&text, qsa_wgpu::gpu::cpu_cores())
 }
 
-/// "MODEL NAME (family F, model M), N cores" (N = `cores`, left out when 0) from the text of /proc/cpuinfo (its first
-/// processor's fields; family and model where it gives them, as x86 does), or None where it
-/// names no model.
+/// "MODEL NAME (family F, model M), N cores" (N = `cores`, left out when 0) from the text of
+/// /proc/cpuinfo (its first processor's fields; family and model where it gives them, as x86
+/// does), or None where it names no model.
 fn describe_cpu(cpuinfo: &str, cores: usize) -> Option<String> {
     let field = |key: &str| {
         cpuinfo.lines().find_map(|line| {
