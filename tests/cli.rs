@@ -417,6 +417,16 @@ fn bench_runs_the_peer_before_each_preset() {
             assert!(err.contains(&format!("host: {host}")), "{err}");
         }
     }
+    // The process's CPU time per step is recorded where the OS says (Linux): on this CPU
+    // adapter the device's work, so more than nothing.
+    for r in v["results"].as_array().unwrap() {
+        let cpu = r["cpu_ms"].as_f64();
+        if cfg!(target_os = "linux") {
+            assert!(cpu.is_some_and(|c| c > 0.0), "{r}");
+        } else {
+            assert!(cpu.is_none(), "{r}");
+        }
+    }
     // One that can: it is recorded, and printed with the table.
     let out = short_bench()
         .arg("--python")
@@ -432,6 +442,7 @@ fn bench_runs_the_peer_before_each_preset() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("peer: torch 9.9.9, 2 threads"), "{text}");
+    assert!(text.contains("wall min    cpu ms"), "{text}");
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     for r in results {

@@ -119,6 +119,9 @@ pub struct Measure {
     pub gpu_ms: Option<f64>,
     pub wall_median_ms: f64,
     pub wall_min_ms: f64,
+    /// Median CPU time of the whole process over a run's wall span, ms (all its threads: on a
+    /// CPU adapter the device's work, on a GPU the host's); None where the OS does not say.
+    pub cpu_ms: Option<f64>,
     /// Bytes the step must read: keys, values, queries and raw inputs it cannot avoid
     /// (intermediates such as the score rows are not counted).
     pub bytes: u64,
@@ -154,6 +157,7 @@ impl Measure {
             gpu_ms,
             wall_median_ms,
             wall_min_ms,
+            cpu_ms: None,
             bytes,
             flops,
             gbs: 0.0,

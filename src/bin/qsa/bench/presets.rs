@@ -84,8 +84,46 @@ fn stats(v: &[f64]) -> (f64, f64) {
     (s[s.len() / 2], s[0])
 }
 
-/// Per-run walls and stage times.
-type Runs = (Vec<f64>, Vec<Vec<(&'static str, f64)>>);
+/// Per-run walls, the process's CPU time over each wall (empty where the OS does not say)
+/// and stage times.
+type Runs = (Vec<f64>, Vec<f64>, Vec<Vec<(&'static str, f64)>>);
+
+/// The CPU time this process has used so far, ms, over all its threads: on a CPU adapter
+/// (lavapipe) the device's workers are among them, so a step's share is the work the device
+/// did for it, whatever the host's other tenants did to its wall time. None where the OS
+/// does not say (only Linux is asked here).
+fn process_cpu_ms() -> Option<f64> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec, which `t` is.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+        (rc == 0).then_some(t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 * 1e-6)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// The wall time and the process's CPU time of one timed span, ms.
+struct Span(Instant, Option<f64>);
+
+impl Span {
+    fn start() -> Span {
+        Span(Instant::now(), process_cpu_ms())
+    }
+
+    /// Wall ms, and CPU ms where both ends could be read.
+    fn end(&self) -> (f64, Option<f64>) {
+        let wall = self.0.elapsed().as_secs_f64() * 1e3;
+        let cpu = self.1.zip(process_cpu_ms()).map(|(a, b)| b - a);
+        (wall, cpu)
+    }
+}
 
 /// Times an operator recorded by `record` into a fresh encoder per run, two warm-up runs then
 /// `runs` measured ones, twice: without timestamps for the wall times (submission to device
@@ -95,12 +133,12 @@ fn timed_runs(
     j: &Job,
     mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
-    let (walls, _) = timed_pass(j, None, &mut record)?;
+    let (walls, cpus, _) = timed_pass(j, None, &mut record)?;
     let stages = match Timer::new(j.ctx, 64) {
-        Some(t) => timed_pass(j, Some(t), &mut record)?.1,
+        Some(t) => timed_pass(j, Some(t), &mut record)?.2,
         None => Vec::new(),
     };
-    Ok((walls, stages))
+    Ok((walls, cpus, stages))
 }
 
 /// One pass of [`timed_runs`], with `timer` or without.
@@ -113,7 +151,7 @@ fn timed_pass(
         ctx, preset, runs, ..
     } = *j;
     let what = if timer.is_some() { "stages" } else { "wall" };
-    let (mut walls, mut stages) = (Vec::new(), Vec::new());
+    let (mut walls, mut cpus, mut stages) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..WARMUP + runs {
         progress(preset, what, run, runs);
         before_run(j, run)?;
@@ -125,20 +163,21 @@ fn timed_pass(
         if let Some(t) = &timer {
             t.resolve(&mut enc);
         }
-        let t0 = Instant::now();
+        let span = Span::start();
         pollster::block_on(ctx.submit(preset, enc))?;
         ctx.wait()?;
-        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let (wall, cpu) = span.end();
         let st = match &timer {
             Some(t) => pollster::block_on(t.read(ctx))?,
             None => Vec::new(),
         };
         if run >= WARMUP {
             walls.push(wall);
+            cpus.extend(cpu);
             stages.push(st);
         }
     }
-    Ok((walls, stages))
+    Ok((walls, cpus, stages))
 }
 
 /// Dispatches bound once, before the runs, each with its stage name.
@@ -173,11 +212,11 @@ fn record_spanned(
     }
 }
 
-/// Builds the measure from per-run walls and per-run stage times.
+/// Builds the measure from per-run walls and CPU times and per-run stage times.
 fn finish(
     preset: &str,
     dt: DType,
-    walls: &[f64],
+    (walls, cpus): (&[f64], &[f64]),
     stages: &[Vec<(&'static str, f64)>],
     bytes: u64,
     flops: u64,
@@ -196,18 +235,20 @@ fn finish(
             });
         }
     }
-    Measure::new(
+    let mut m = Measure::new(
         (preset, &dt.to_string()),
         out,
         (wall_median_ms, wall_min_ms),
         bytes,
         flops,
-    )
+    );
+    m.cpu_ms = (!cpus.is_empty()).then(|| stats(cpus).0);
+    m
 }
 
 /// A preset that cannot run here (e.g. a buffer past the binding limit): reported, not fatal.
 fn skipped(preset: &str, dt: DType, why: String) -> Measure {
-    let mut m = finish(preset, dt, &[f64::NAN], &[], 0, 0);
+    let mut m = finish(preset, dt, (&[f64::NAN], &[]), &[], 0, 0);
     m.note = Some(why);
     m
 }
@@ -285,30 +326,31 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
             return Ok(None);
         }
         let what = if timing { "stages" } else { "wall" };
-        let (mut walls, mut stages) = (Vec::new(), Vec::new());
+        let (mut walls, mut cpus, mut stages) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..WARMUP + runs {
             progress(preset, what, run, runs);
             before_run(j, run)?;
             for (s, k) in keys.iter().enumerate() {
                 ix.append_keys(s, k)?;
             }
-            let t0 = Instant::now();
+            let span = Span::start();
             pollster::block_on(ix.step(&counts, &q))?;
             ctx.wait()?;
-            let wall = t0.elapsed().as_secs_f64() * 1e3;
+            let (wall, cpu) = span.end();
             let st = pollster::block_on(ix.stage_times())?.unwrap_or_default();
             if run >= WARMUP {
                 walls.push(wall);
+                cpus.extend(cpu);
                 stages.push(st);
             }
             for s in 0..batch {
                 ix.truncate(s, cached)?;
             }
         }
-        Ok(Some((walls, stages)))
+        Ok(Some((walls, cpus, stages)))
     };
-    let walls = pass(false)?.map(|r| r.0).unwrap_or_default();
-    let stages = pass(true)?.map(|r| r.1).unwrap_or_default();
+    let (walls, cpus) = pass(false)?.map(|r| (r.0, r.1)).unwrap_or_default();
+    let stages = pass(true)?.map(|r| r.2).unwrap_or_default();
     // Must-read bytes and FLOPs of one step.
     let (es, di, hi, r) = (dt.size() as u64, cfg.di as u64, cfg.hi as u64, cfg.r as u64);
     let (b, c, n) = (batch as u64, cached as u64, new as u64);
@@ -319,7 +361,7 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
         + b * n * hi * di * es // raw index queries
         + blocks * di * es; // block keys, each read at least once
     let flops = 2 * hi * di * visible;
-    Ok(finish(preset, dt, &walls, &stages, bytes, flops))
+    Ok(finish(preset, dt, (&walls, &cpus), &stages, bytes, flops))
 }
 
 /// NSA compressed attention + selection, paper geometry, c = 8192, one query token.
@@ -379,14 +421,14 @@ fn nsa(j: &Job) -> Result<Measure> {
         ctx,
         dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)?,
     )?;
-    let (walls, stages) = timed_runs(j, |enc, timer| {
+    let (walls, cpus, stages) = timed_runs(j, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
     let es = dt.size() as u64;
     let bytes = (c * n2 * (dqk + dv)) as u64 * es + (n1 * dqk) as u64 * es;
     let flops = 2 * (n1 * c * (dqk + dv)) as u64;
-    Ok(finish(preset, dt, &walls, &stages, bytes, flops))
+    Ok(finish(preset, dt, (&walls, &cpus), &stages, bytes, flops))
 }
 
 /// QSA main attention: one decode row at position 131071 over its selection (512 random
@@ -479,7 +521,7 @@ fn attention(j: &Job) -> Result<Measure> {
     let names = ["route", "partial", "combine"];
     let steps = dispatch_attention(ctx, dt, &plan, &b)?;
     let bound = bind_stages(ctx, steps.into_iter().map(|(st, d)| (st.stage(names), d)))?;
-    let (walls, stages) = timed_runs(j, |enc, timer| {
+    let (walls, cpus, stages) = timed_runs(j, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
@@ -488,5 +530,33 @@ fn attention(j: &Job) -> Result<Measure> {
     pollster::block_on(read_checked(ctx, "sparse_attention", &[], &flags))?;
     let bytes = (count * 2 * hkv * e * dt.size() + h * e * dt.size()) as u64;
     let flops = (4 * h * e * count) as u64;
-    Ok(finish(preset, dt, &walls, &stages, bytes, flops))
+    Ok(finish(preset, dt, (&walls, &cpus), &stages, bytes, flops))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_cpu_ms;
+
+    #[test]
+    fn process_cpu_time_counts_every_thread() {
+        // A thread spins for 100 ms of wall time while this one waits for it: the process's
+        // CPU time grows by what the spinner got, which the waiting thread cannot supply.
+        let c0 = process_cpu_ms();
+        if !cfg!(target_os = "linux") {
+            assert!(c0.is_none());
+            return;
+        }
+        let c0 = c0.expect("Linux gives the process's CPU time");
+        let spinner = std::thread::spawn(|| {
+            let t0 = std::time::Instant::now();
+            let mut x = 0u64;
+            while t0.elapsed().as_millis() < 100 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            x
+        });
+        spinner.join().unwrap();
+        let used = process_cpu_ms().unwrap() - c0;
+        assert!(used >= 10.0, "{used} ms");
+    }
 }

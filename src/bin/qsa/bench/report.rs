@@ -158,12 +158,13 @@ pub fn table(ctx: &Context, roof: &Roofline, run: &RunInfo, all: &[Measure]) {
         roof.fma_gflops
     );
     println!(
-        "{:<27} {:<5} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9} {:>6} {:>9} {:>10} {:>7}",
+        "{:<27} {:<5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9} {:>10} {:>7}",
         "preset",
         "type",
         "gpu ms",
         "wall med",
         "wall min",
+        "cpu ms",
         "MB read",
         "GB/s",
         "GFLOP/s",
@@ -178,12 +179,13 @@ pub fn table(ctx: &Context, roof: &Roofline, run: &RunInfo, all: &[Measure]) {
             continue;
         }
         println!(
-            "{:<27} {:<5} {:>10} {:>10.3} {:>10.3} {:>9.2} {:>8.2} {:>9.2} {:>6.1} {:>9.3} {:>10} {:>7}",
+            "{:<27} {:<5} {:>10} {:>10.3} {:>10.3} {:>9} {:>9.2} {:>8.2} {:>9.2} {:>6.1} {:>9.3} {:>10} {:>7}",
             m.preset,
             m.dtype,
             opt(m.gpu_ms, 3),
             m.wall_median_ms,
             m.wall_min_ms,
+            opt(m.cpu_ms, 3),
             m.bytes as f64 / 1e6,
             m.gbs,
             m.gflops,
@@ -210,6 +212,7 @@ pub fn json(ctx: &Context, roof: &Roofline, run: &RunInfo, all: &[Measure]) -> R
                 "gpu_ms": m.gpu_ms,
                 "wall_median_ms": if m.note.is_some() { None } else { Some(m.wall_median_ms) },
                 "wall_min_ms": if m.note.is_some() { None } else { Some(m.wall_min_ms) },
+                "cpu_ms": if m.note.is_some() { None } else { m.cpu_ms },
                 "bytes": m.bytes,
                 "flops": m.flops,
                 "gbs": m.gbs,
@@ -311,6 +314,7 @@ pub fn redraw(json: &str, path: &str) -> Result<()> {
             0,
         );
         m.gpu_ms = r["gpu_ms"].as_f64();
+        m.cpu_ms = r["cpu_ms"].as_f64();
         m.note = note;
         all.push(m);
     }
