@@ -84,9 +84,23 @@ fn stats(v: &[f64]) -> (f64, f64) {
     (s[s.len() / 2], s[0])
 }
 
-/// Per-run walls, the process's CPU time over each wall (empty where the OS does not say)
-/// and stage times.
-type Runs = (Vec<f64>, Vec<f64>, Vec<Vec<(&'static str, f64)>>);
+/// The measured runs of a preset: wall ms, the process's CPU ms over each wall (empty where
+/// the OS does not say) and each run's stage times.
+#[derive(Default)]
+struct Runs {
+    walls: Vec<f64>,
+    cpus: Vec<f64>,
+    stages: Vec<Vec<(&'static str, f64)>>,
+}
+
+impl Runs {
+    /// Keeps a run past the warm-up.
+    fn push(&mut self, wall: f64, cpu: Option<f64>, stages: Vec<(&'static str, f64)>) {
+        self.walls.push(wall);
+        self.cpus.extend(cpu);
+        self.stages.push(stages);
+    }
+}
 
 /// The CPU time this process has used so far, ms, over all its threads: on a CPU adapter
 /// (lavapipe) the device's workers are among them, so a step's share is the work the device
@@ -133,12 +147,12 @@ fn timed_runs(
     j: &Job,
     mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Timer>) -> Result<()>,
 ) -> Result<Runs> {
-    let (walls, cpus, _) = timed_pass(j, None, &mut record)?;
-    let stages = match Timer::new(j.ctx, 64) {
-        Some(t) => timed_pass(j, Some(t), &mut record)?.2,
+    let mut runs = timed_pass(j, None, &mut record)?;
+    runs.stages = match Timer::new(j.ctx, 64) {
+        Some(t) => timed_pass(j, Some(t), &mut record)?.stages,
         None => Vec::new(),
     };
-    Ok((walls, cpus, stages))
+    Ok(runs)
 }
 
 /// One pass of [`timed_runs`], with `timer` or without.
@@ -151,7 +165,7 @@ fn timed_pass(
         ctx, preset, runs, ..
     } = *j;
     let what = if timer.is_some() { "stages" } else { "wall" };
-    let (mut walls, mut cpus, mut stages) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = Runs::default();
     for run in 0..WARMUP + runs {
         progress(preset, what, run, runs);
         before_run(j, run)?;
@@ -172,12 +186,10 @@ fn timed_pass(
             None => Vec::new(),
         };
         if run >= WARMUP {
-            walls.push(wall);
-            cpus.extend(cpu);
-            stages.push(st);
+            out.push(wall, cpu, st);
         }
     }
-    Ok((walls, cpus, stages))
+    Ok(out)
 }
 
 /// Dispatches bound once, before the runs, each with its stage name.
@@ -212,15 +224,13 @@ fn record_spanned(
     }
 }
 
-/// Builds the measure from per-run walls and CPU times and per-run stage times.
-fn finish(
-    preset: &str,
-    dt: DType,
-    (walls, cpus): (&[f64], &[f64]),
-    stages: &[Vec<(&'static str, f64)>],
-    bytes: u64,
-    flops: u64,
-) -> Measure {
+/// Builds the measure from the runs.
+fn finish(preset: &str, dt: DType, runs: &Runs, bytes: u64, flops: u64) -> Measure {
+    let Runs {
+        walls,
+        cpus,
+        stages,
+    } = runs;
     let (wall_median_ms, wall_min_ms) = stats(walls);
     let mut out: Vec<Stage> = Vec::new();
     if let Some(first) = stages.first().filter(|s| !s.is_empty()) {
@@ -248,7 +258,11 @@ fn finish(
 
 /// A preset that cannot run here (e.g. a buffer past the binding limit): reported, not fatal.
 fn skipped(preset: &str, dt: DType, why: String) -> Measure {
-    let mut m = finish(preset, dt, (&[f64::NAN], &[]), &[], 0, 0);
+    let runs = Runs {
+        walls: vec![f64::NAN],
+        ..Runs::default()
+    };
+    let mut m = finish(preset, dt, &runs, 0, 0);
     m.note = Some(why);
     m
 }
@@ -326,7 +340,7 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
             return Ok(None);
         }
         let what = if timing { "stages" } else { "wall" };
-        let (mut walls, mut cpus, mut stages) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Runs::default();
         for run in 0..WARMUP + runs {
             progress(preset, what, run, runs);
             before_run(j, run)?;
@@ -339,18 +353,16 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
             let (wall, cpu) = span.end();
             let st = pollster::block_on(ix.stage_times())?.unwrap_or_default();
             if run >= WARMUP {
-                walls.push(wall);
-                cpus.extend(cpu);
-                stages.push(st);
+                out.push(wall, cpu, st);
             }
             for s in 0..batch {
                 ix.truncate(s, cached)?;
             }
         }
-        Ok(Some((walls, cpus, stages)))
+        Ok(Some(out))
     };
-    let (walls, cpus) = pass(false)?.map(|r| (r.0, r.1)).unwrap_or_default();
-    let stages = pass(true)?.map(|r| r.2).unwrap_or_default();
+    let mut runs = pass(false)?.unwrap_or_default();
+    runs.stages = pass(true)?.map(|r| r.stages).unwrap_or_default();
     // Must-read bytes and FLOPs of one step.
     let (es, di, hi, r) = (dt.size() as u64, cfg.di as u64, cfg.hi as u64, cfg.r as u64);
     let (b, c, n) = (batch as u64, cached as u64, new as u64);
@@ -361,7 +373,7 @@ fn qsa(j: &Job, (batch, cached, new): (usize, usize, usize)) -> Result<Measure> 
         + b * n * hi * di * es // raw index queries
         + blocks * di * es; // block keys, each read at least once
     let flops = 2 * hi * di * visible;
-    Ok(finish(preset, dt, (&walls, &cpus), &stages, bytes, flops))
+    Ok(finish(preset, dt, &runs, bytes, flops))
 }
 
 /// NSA compressed attention + selection, paper geometry, c = 8192, one query token.
@@ -421,14 +433,14 @@ fn nsa(j: &Job) -> Result<Measure> {
         ctx,
         dispatch_nsa_compress_attention(ctx, dt, &prm, &sel, &b)?,
     )?;
-    let (walls, cpus, stages) = timed_runs(j, |enc, timer| {
+    let runs = timed_runs(j, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
     let es = dt.size() as u64;
     let bytes = (c * n2 * (dqk + dv)) as u64 * es + (n1 * dqk) as u64 * es;
     let flops = 2 * (n1 * c * (dqk + dv)) as u64;
-    Ok(finish(preset, dt, (&walls, &cpus), &stages, bytes, flops))
+    Ok(finish(preset, dt, &runs, bytes, flops))
 }
 
 /// QSA main attention: one decode row at position 131071 over its selection (512 random
@@ -521,7 +533,7 @@ fn attention(j: &Job) -> Result<Measure> {
     let names = ["route", "partial", "combine"];
     let steps = dispatch_attention(ctx, dt, &plan, &b)?;
     let bound = bind_stages(ctx, steps.into_iter().map(|(st, d)| (st.stage(names), d)))?;
-    let (walls, cpus, stages) = timed_runs(j, |enc, timer| {
+    let runs = timed_runs(j, |enc, timer| {
         record_spanned(ctx, enc, timer, &bound);
         Ok(())
     })?;
@@ -530,7 +542,7 @@ fn attention(j: &Job) -> Result<Measure> {
     pollster::block_on(read_checked(ctx, "sparse_attention", &[], &flags))?;
     let bytes = (count * 2 * hkv * e * dt.size() + h * e * dt.size()) as u64;
     let flops = (4 * h * e * count) as u64;
-    Ok(finish(preset, dt, (&walls, &cpus), &stages, bytes, flops))
+    Ok(finish(preset, dt, &runs, bytes, flops))
 }
 
 #[cfg(test)]
