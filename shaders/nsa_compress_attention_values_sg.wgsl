@@ -25,3 +25,8 @@
 @group(0) @binding(5) var<storage, read> value4: array<vec4<u32>>;  // the same, 16 bytes a load
 @group(0) @binding(6) var<storage, read_write> scratch: array<vec4<f32>>;  // layout in common/nsa_attention.wgsl
 @group(0) @binding(7) var<storage, read_write> psum: array<f32>;    // [R·N2, c_max] f32
+
+// The 32-bit word of V holding element e, for the touches of the next batch's rows.
+fn touch_v(e: u32) -> u32 {
+    return value[t_word(e)];
+}

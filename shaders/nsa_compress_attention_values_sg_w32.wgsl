@@ -29,3 +29,8 @@ fn v_row(vb: u32, cb: u32) -> array<vec4<f32>, 4> {
     let a = words(value8[(vb + min(cb, P.dv - 16u)) / 16u]);
     return array<vec4<f32>, 4>(lo4(a[0]), hi4(a[0]), lo4(a[1]), hi4(a[1]));
 }
+
+// The 32-bit word of V holding element e, for the touches of the next batch's rows.
+fn touch_v(e: u32) -> u32 {
+    return value[t_word(e)];
+}

@@ -142,6 +142,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/common/block_score_textures.wgsl"),
     ),
     (
+        "common/texel.wgsl",
+        include_str!("../shaders/common/texel.wgsl"),
+    ),
+    (
         "block_score_tex_sg.wgsl",
         include_str!("../shaders/block_score_tex_sg.wgsl"),
     ),
@@ -174,6 +178,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../shaders/nsa_compress_attention_sg_w32.wgsl"),
     ),
     (
+        "nsa_compress_attention_sg_tex.wgsl",
+        include_str!("../shaders/nsa_compress_attention_sg_tex.wgsl"),
+    ),
+    (
         "nsa_compress_attention_gpu.wgsl",
         include_str!("../shaders/nsa_compress_attention_gpu.wgsl"),
     ),
@@ -192,6 +200,10 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "nsa_compress_attention_values_sg_w32.wgsl",
         include_str!("../shaders/nsa_compress_attention_values_sg_w32.wgsl"),
+    ),
+    (
+        "nsa_compress_attention_values_sg_tex.wgsl",
+        include_str!("../shaders/nsa_compress_attention_values_sg_tex.wgsl"),
     ),
     (
         "nsa_compress_attention_finish.wgsl",

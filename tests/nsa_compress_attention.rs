@@ -3,15 +3,16 @@
 //! Dqk ≠ Dv, odd cache-block sizes, several (l, d, l')), the paper geometry at a few thousand
 //! raw tokens, G = 1 and G = 128, wide heads, a shuffled block table, BSND padding rows,
 //! lengths around the GPU's split and tile sizes, and every stage-2 split; the subgroup variants
-//! of the logits and values stages against the portable kernels; the GPU-shaped kernels.
+//! of the logits and values stages (from buffers and from texture copies) against the portable
+//! kernels; a texture copy too small for its buffer refused; the GPU-shaped kernels.
 
 mod util;
 
 use qsa_wgpu::gpu::{Context, ContextOptions};
 use qsa_wgpu::ops::nsa_compress_attention::NsaCompressAttentionParams;
 use qsa_wgpu::ops::nsa_compress_attention::{
-    logits_subgroup_pass, nsel, values_subgroup_pass, Layout, LOGITS_GPU, LOGITS_SG, LOGITS_SG_W32,
-    VALUES_GPU, VALUES_SG, VALUES_SG_W32,
+    logits_subgroup_pass, nsel, values_subgroup_pass, Layout, LOGITS_GPU, LOGITS_SG, LOGITS_SG_TEX,
+    LOGITS_SG_W32, VALUES_GPU, VALUES_SG, VALUES_SG_TEX, VALUES_SG_W32,
 };
 use qsa_wgpu::testing::Rng;
 use qsa_wgpu::DType;
@@ -361,8 +362,16 @@ fn subgroup_and_portable_kernels_agree() {
         );
         return;
     }
-    let narrow = util::narrow_ctx();
-    assert!(!narrow.caps.wide_loads);
+    // The variants from buffers, in 32-byte and 16-byte words; the default context reads
+    // texture copies of K and V where it reads such copies.
+    let wide = util::buffer_ctx();
+    let narrow = Context::new_blocking(&ContextOptions {
+        disable_textures: true,
+        disable_wide_loads: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!narrow.caps.wide_loads && !wide.caps.textures);
     let portable = util::portable_ctx();
     assert!(!logits_subgroup_pass(portable.caps.subgroup_size, true));
     assert!(!values_subgroup_pass(
@@ -410,17 +419,20 @@ fn subgroup_and_portable_kernels_agree() {
         let name = format!("{geo:?} cmp={cmp:?}");
         let p = Problem::new(&mut rng, geo, &[1, 3], &cmp, &sel);
         let mut outs = Vec::new();
-        for c in [&ctx, &narrow, &portable] {
+        for c in [&ctx, &wide, &narrow, &portable] {
             let what = format!(
-                "{name} subgroups={:?} wide={}",
-                c.caps.subgroup_size, c.caps.wide_loads
+                "{name} subgroups={:?} wide={} textures={}",
+                c.caps.subgroup_size, c.caps.wide_loads, c.caps.textures
             );
             outs.push(check(c, &p, &what).0);
         }
-        assert!(
-            outs[0].out.data == outs[1].out.data && outs[0].topk.data == outs[1].topk.data,
-            "{name}: the 32-byte and 16-byte word variants differ"
-        );
+        for (i, other) in ["32-byte words", "16-byte words"].iter().enumerate() {
+            let o = &outs[i + 1];
+            assert!(
+                outs[0].out.data == o.out.data && outs[0].topk.data == o.topk.data,
+                "{name}: the default variants and those reading {other} differ"
+            );
+        }
     }
     assert_eq!(values_variant, 4, "shapes that take the values variant");
     assert_eq!(
@@ -428,10 +440,23 @@ fn subgroup_and_portable_kernels_agree() {
         (4, 3),
         "shapes with 32-byte rows"
     );
-    for (shader, narrow_shader) in [(LOGITS_SG_W32, LOGITS_SG), (VALUES_SG_W32, VALUES_SG)] {
-        assert_eq!(ctx.cache.built(shader), ctx.caps.wide_loads, "{shader}");
+    for (shader, narrow_shader, tex) in [
+        (LOGITS_SG_W32, LOGITS_SG, LOGITS_SG_TEX),
+        (VALUES_SG_W32, VALUES_SG, VALUES_SG_TEX),
+    ] {
+        assert_eq!(wide.cache.built(shader), wide.caps.wide_loads, "{shader}");
         assert!(!narrow.cache.built(shader), "{shader} without wide loads");
         assert!(narrow.cache.built(narrow_shader), "{narrow_shader}");
+        // Every shape takes the logits variant, so the default context reads K's copy where
+        // it reads copies, and V's where a shape takes the values variant.
+        assert_eq!(ctx.cache.built(tex), ctx.caps.textures, "{tex}");
+        assert!(
+            !wide.cache.built(tex) && !narrow.cache.built(tex),
+            "{tex} without textures"
+        );
+    }
+    if !ctx.caps.textures {
+        eprintln!("no texture copies on {}", ctx.describe());
     }
     if !ctx.caps.wide_loads {
         eprintln!(
@@ -633,5 +658,61 @@ fn a_split1_the_kernels_do_not_take_is_refused() {
             err.contains(&format!("split1 = {wrong}")) && err.contains("nsa_compress_attention"),
             "{err}"
         );
+    }
+}
+
+#[test]
+fn a_texture_copy_smaller_than_its_buffer_is_refused() {
+    // A copy of K that holds fewer words than the K buffer (a caller that sized it for another
+    // cache): refused before anything is recorded, naming the input and both sizes.
+    use qsa_wgpu::gpu::{GpuTensor, WordTexture};
+    use qsa_wgpu::ops::nsa_compress_attention::{
+        dispatch_nsa_compress_attention, texture_stages, validate, NsaAttnTensors,
+    };
+    let ctx = util::ctx();
+    let geo = paper(DType::F32, TND);
+    if !texture_stages(&ctx, geo.dt, geo.dqk, geo.dv).0 {
+        eprintln!(
+            "{}: the logits stage reads no texture copies here",
+            ctx.describe()
+        );
+        return;
+    }
+    let mut rng = Rng::new(0x6b);
+    let p = Problem::new(&mut rng, geo, &[1], &[300], &[299 * 16 + 32]);
+    let plan = validate(&p.inputs(), &p.attrs()).unwrap();
+    let prm = plan.params().for_adapter(&ctx);
+    let t = NsaAttnTensors::new(&ctx, &plan, false).unwrap();
+    let up = |t: &qsa_wgpu::Tensor| GpuTensor::upload(&ctx, "t", t).unwrap();
+    let (q, k, v, bt) = (up(&p.query), up(&p.key), up(&p.value), up(&p.block_table));
+    let lens = up(&qsa_wgpu::Tensor::from_u32(&[4], &[0; 4]));
+    let flags = up(&qsa_wgpu::Tensor::from_u32(&[1], &[0]));
+    let small = WordTexture::new(&ctx, "small", k.buffer.size() - 16).unwrap();
+    let whole = WordTexture::new(&ctx, "whole", k.buffer.size()).unwrap();
+    let sel = prm.topk_params();
+    for (tex, ok) in [(&small, false), (&whole, true)] {
+        let b = t
+            .buffers(
+                &q.buffer,
+                &k.buffer,
+                &v.buffer,
+                &bt.buffer,
+                &lens.buffer,
+                &flags.buffer,
+            )
+            .with_textures(Some(tex), None);
+        match dispatch_nsa_compress_attention(&ctx, plan.dt, &prm, &sel, &b) {
+            Ok(d) => {
+                assert!(ok, "a copy of {} words was taken", tex.words());
+                assert_eq!(d[0].1.key.shader, LOGITS_SG_TEX);
+                assert_eq!(d[0].1.textures.len(), 1);
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!ok, "{e}");
+                let need = k.buffer.size().to_string();
+                assert!(e.contains("key_tex") && e.contains(&need), "{e}");
+            }
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! 1- and 4-token steps, an idle slot, shuffled raw pages and compressed blocks); after the
 //! first step no bind group is built; the compressed caches it writes equal `nsa_compress`
 //! over each whole sequence; token-by-token decoding equals one 16-token step; the paper's
-//! geometry; the GPU-shaped compressed-attention kernels; bad steps are refused.
+//! geometry; the texture copies of the compressed caches follow every window; the GPU-shaped
+//! compressed-attention kernels; bad steps are refused.
 
 mod util;
 
@@ -317,6 +318,63 @@ fn paper_steps(
         outs.push(got);
     }
     outs
+}
+
+#[test]
+fn cache_texture_copies_follow_every_window() {
+    // The paper's geometry on the default context, whose compressed attention reads texture
+    // copies of the compressed caches where the context reads such copies, against a layer
+    // that reads the cache buffers: a prefill, then query steps of which the first and the last
+    // complete a window in both sequences (a window ends at every 16th raw token: 1007 + 1 and
+    // 1100 + 4 reach 1008 and 1104; 1009 + 8 and 1105 + 15 pass 1016 and reach 1120), so that
+    // those steps read rows only their own copies put in the textures. Both layers equal the
+    // CPU step, and each other bit for bit.
+    let ctx = util::ctx();
+    let buffers = util::buffer_ctx();
+    let dt = DType::F32;
+    let mut cfg = NsaConfig::paper(dt, 1300, 2);
+    cfg.page_size = 64;
+    cfg.cmp_page_size = 16;
+    let mut sels = Vec::new();
+    for c in [&ctx, &buffers] {
+        let mut rng = Rng::new(58);
+        let mut sel = layer_on((*c).clone(), &cfg, &mut rng, true);
+        sel.add_sequence().unwrap();
+        sel.add_sequence().unwrap();
+        let prefill = [1007, 1100];
+        let toks: Vec<_> = prefill.iter().map(|&n| kv(&mut rng, &cfg, n)).collect();
+        append(&mut sel, &toks);
+        pollster::block_on(sel.extend(&prefill)).unwrap();
+        sel.extend_cpu(&prefill).unwrap();
+        sels.push((sel, rng, (*c).clone()));
+    }
+    for step in [[1, 4], [1, 1], [8, 15]] {
+        let mut outs = Vec::new();
+        for (sel, rng, c) in sels.iter_mut() {
+            let toks: Vec<_> = step.iter().map(|&n| kv(rng, &cfg, n)).collect();
+            append(sel, &toks);
+            let q = rng.tensor(dt, &[step.iter().sum(), cfg.n1, cfg.dqk]);
+            let out = pollster::block_on(sel.step(&step, &q)).unwrap();
+            let got = pollster::block_on(out.read(c)).unwrap();
+            let want = sel.step_cpu(&step, &q).unwrap();
+            check_step(sel, &step, &q, &got, &want).unwrap_or_else(|e| panic!("{step:?}: {e}"));
+            outs.push(got);
+        }
+        for name in ["cmp_out", "topk", "out"] {
+            assert!(
+                outs[0][name].data == outs[1][name].data,
+                "{step:?}: {name} from the texture copies and from the buffers differ"
+            );
+        }
+    }
+    use qsa_wgpu::ops::nsa_compress_attention::{LOGITS_SG_TEX, VALUES_SG_TEX};
+    let (k, v) = qsa_wgpu::ops::nsa_compress_attention::texture_stages(&ctx, dt, 192, 128);
+    assert_eq!(ctx.cache.built(LOGITS_SG_TEX), k);
+    assert_eq!(ctx.cache.built(VALUES_SG_TEX), v);
+    assert!(!buffers.cache.built(LOGITS_SG_TEX) && !buffers.cache.built(VALUES_SG_TEX));
+    if !k {
+        eprintln!("{}: no texture copies read here", ctx.describe());
+    }
 }
 
 #[test]

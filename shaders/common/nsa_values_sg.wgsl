@@ -2,7 +2,9 @@
 // shared by nsa_compress_attention_values_sg.wgsl (V rows read in 16-byte words) and
 // nsa_compress_attention_values_sg_w32.wgsl (32-byte words), which declare the bindings and
 // supply `v_row(vb, cb)` (the 16-byte one from common/nsa_values_rows16.wgsl): channels cb … cb + 15 of the V row at element vb as four quads, a quad past
-// Dv reading the row's last one (its channels are dropped). What the entry point does is
+// Dv reading the row's last one (its channels are dropped), and `touch_v(e)`, the 32-bit word
+// holding element e (the touches of the next batch's rows). nsa_compress_attention_values_sg_tex.wgsl
+// supplies both from a texture copy of V. What the entry point does is
 // described at the top of nsa_compress_attention_values_sg.wgsl.
 
 @compute @workgroup_size(64)
@@ -68,7 +70,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             // so that the next batch's cache misses overlap this batch's work.
             let vn = (cache_row(w.b, min(j0 + 8u + sl, t_hi - 1u)) * P.n2 + w.kv) * P.dv;
             for (var c = 0u; c < P.dv; c += select(32u, 16u, T_KIND == 0u)) {
-                tk |= value[t_word(vn + c)];
+                tk |= touch_v(vn + c);
             }
             // 3. round_T(P)·V, token by token: each token's P and row offset go to every lane
             // by subgroupShuffle. Channel groups past Dv read the row's last group and are

@@ -50,6 +50,11 @@ impl WordTexture {
         })
     }
 
+    /// 16-byte words of the buffer mirrored.
+    pub fn words(&self) -> u64 {
+        self.words
+    }
+
     /// Records copies of `buffer`'s words `lo .. hi` (16-byte words, clamped to the mirrored
     /// size) into the texture: a partial first row, whole rows, a partial last row.
     pub fn copy_words(

@@ -33,9 +33,10 @@ pub use stages::*;
 pub use step::{StepOutputs, OUTPUTS};
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor};
+use crate::gpu::{Context, GpuTensor, WordTexture};
 use crate::ops::common::BindCache;
 use crate::ops::nsa_compress::windows;
+use crate::ops::nsa_compress_attention::texture_stages;
 use crate::paged::{PagedPool, PoolLayout};
 use crate::tensor::Tensor;
 use plan::StepPlan;
@@ -58,6 +59,12 @@ pub struct NsaSelector {
     pub cmp_value: Tensor,
     cmp_key_gpu: GpuTensor,
     cmp_value_gpu: GpuTensor,
+    /// Texture copies of the device caches, which the compressed attention's subgroup
+    /// variants read where this context reads texture copies (`None` where they would not be
+    /// read, or the adapter's textures cannot hold them); every step copies the rows its
+    /// windows wrote.
+    cmp_key_tex: Option<WordTexture>,
+    cmp_value_tex: Option<WordTexture>,
     /// Block tables of the compressed caches, per slot (`None`: free slot).
     cmp_tables: Vec<Option<Vec<u32>>>,
     cmp_free: Vec<u32>,
@@ -121,10 +128,19 @@ impl NsaSelector {
         };
         let mut cmp_free = cmp_order;
         cmp_free.reverse();
+        let cmp_key_gpu = zeros("cmp_key", &cmp_key)?;
+        let cmp_value_gpu = zeros("cmp_value", &cmp_value)?;
+        let (k_tex, v_tex) = texture_stages(&ctx, cfg.dtype, cfg.dqk, cfg.dv);
+        let mirror = |on: bool, name: &str, g: &GpuTensor| {
+            on.then(|| WordTexture::new(&ctx, &format!("qsa.nsa.{name}"), g.buffer.size()))
+                .flatten()
+        };
         Ok(NsaSelector {
             pool_gpu: zeros("pool", &pool.data)?,
-            cmp_key_gpu: zeros("cmp_key", &cmp_key)?,
-            cmp_value_gpu: zeros("cmp_value", &cmp_value)?,
+            cmp_key_tex: mirror(k_tex, "cmp_key_tex", &cmp_key_gpu),
+            cmp_value_tex: mirror(v_tex, "cmp_value_tex", &cmp_value_gpu),
+            cmp_key_gpu,
+            cmp_value_gpu,
             w_k_gpu: up("w_k", &w_k)?,
             w_v_gpu: up("w_v", &w_v)?,
             bufs: step::StepBuffers::new(&ctx, &cfg, layout)?,

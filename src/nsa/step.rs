@@ -5,7 +5,7 @@
 //! pass, combine) over the raw pool as one shard, through scratch buffers the step owns. The
 //! outputs stay on the GPU as views, valid until the next step.
 
-use super::plan::attention_geometry;
+use super::plan::{attention_geometry, StepPlan};
 use super::stages::*;
 use super::{NsaConfig, NsaSelector, OP};
 use crate::error::Result;
@@ -215,6 +215,21 @@ impl NsaSelector {
             let d = dispatch_compress_paged(&ctx, c.dtype, &prm, &bufs)?;
             self.binds.record(&ctx, &mut enc, stage, 0, d).await?;
         }
+        // The texture copies of the caches follow the rows just written: the new windows of
+        // each entry, in runs of consecutive cache rows.
+        let runs = written_rows(&plan, c.cmp_page_size, c.max_cmp_blocks());
+        for (tex, cache, width) in [
+            (&self.cmp_key_tex, &self.cmp_key_gpu, c.dqk),
+            (&self.cmp_value_tex, &self.cmp_value_gpu, c.dv),
+        ] {
+            if let Some(tex) = tex {
+                let row = (c.n2 * width * c.dtype.size()) as u64;
+                for &(lo, hi) in &runs {
+                    let (a, z) = (lo * row, hi * row);
+                    tex.copy_words(&mut enc, &cache.buffer, a / 16, z.div_ceil(16));
+                }
+            }
+        }
         let Some(query) = query else {
             self.binds.submit(&ctx, OP, enc).await?;
             return Ok(self.outputs(0));
@@ -274,6 +289,8 @@ impl NsaSelector {
             count: &b.count.buffer,
             scratch: &b.cmp_scratch.buffer,
             flags: &b.flags.buffer,
+            key_tex: self.cmp_key_tex.as_ref(),
+            value_tex: self.cmp_value_tex.as_ref(),
         };
         for (stage, d) in dispatch_nsa_compress_attention(&ctx, c.dtype, &prm, &sel, &bufs)? {
             self.binds.record(&ctx, &mut enc, stage, 0, d).await?;
@@ -362,4 +379,21 @@ impl NsaSelector {
             flags: b.flags.view(&[1]),
         }
     }
+}
+
+/// The compressed-cache rows a step's windows write, as runs `[lo, hi)` of consecutive rows:
+/// window j of entry b lands in row `cmp_table[b][j / page] · page + j % page`.
+fn written_rows(plan: &StepPlan, page: usize, max_blocks: usize) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for b in 0..plan.slots.len() {
+        for j in plan.first_win[b]..plan.cmp[b] {
+            let block = plan.cmp_table[b * max_blocks + j / page] as u64;
+            let row = block * page as u64 + (j % page) as u64;
+            match runs.last_mut() {
+                Some(last) if last.1 == row => last.1 += 1,
+                _ => runs.push((row, row + 1)),
+            }
+        }
+    }
+    runs
 }

@@ -10,7 +10,7 @@
 use super::{validate, NsaCompressAttentionAttrs, NsaCompressAttentionInputs};
 use super::{NsaCompressAttentionOutputs, Plan, MAX_DQK, MAX_DV, OP};
 use crate::error::{Error, Result};
-use crate::gpu::{Context, GpuTensor, PipelineKey};
+use crate::gpu::{Context, GpuTensor, PipelineKey, WordTexture};
 use crate::ops::block_topk::{self, BlockTopkParams};
 use crate::ops::common::*;
 use crate::ops::sparse_attention::{LLVMPIPE_LOOP_BUDGET, LLVMPIPE_LOOP_LIMIT};
@@ -284,6 +284,28 @@ pub struct NsaAttnBuffers<'a> {
     pub scratch: &'a wgpu::Buffer,
     /// The flag word (`shaders/common/flags.wgsl`).
     pub flags: &'a wgpu::Buffer,
+    /// A texture copy of `key` ([`WordTexture`], kept equal to it by the caller), which the
+    /// logits stage's subgroup variant then reads instead of the buffer where the context
+    /// reads texture copies ([`Capabilities::textures`](crate::gpu::Capabilities::textures)):
+    /// [`LOGITS_SG_TEX`].
+    pub key_tex: Option<&'a WordTexture>,
+    /// The same for `value` and the values stage ([`VALUES_SG_TEX`]).
+    pub value_tex: Option<&'a WordTexture>,
+}
+
+impl<'a> NsaAttnBuffers<'a> {
+    /// These buffers with texture copies of K and V (see [`NsaAttnBuffers::key_tex`]).
+    pub fn with_textures(
+        self,
+        key_tex: Option<&'a WordTexture>,
+        value_tex: Option<&'a WordTexture>,
+    ) -> Self {
+        NsaAttnBuffers {
+            key_tex,
+            value_tex,
+            ..self
+        }
+    }
 }
 
 /// The device tensors one call writes (out, topk) and works in (psum, scores, count,
@@ -344,6 +366,8 @@ impl NsaAttnTensors {
             count: &self.count.buffer,
             scratch: &self.scratch.buffer,
             flags,
+            key_tex: None,
+            value_tex: None,
         }
     }
 }
@@ -471,45 +495,107 @@ pub fn dispatch_nsa_compress_attention<'a>(
     // The portable logits and values kernels are specialised by BY16; their subgroup variants
     // run only with 16-byte rows and take no such constant, in 32-byte words where they can.
     let by32 = |d: u32| ctx.caps.wide_loads && (d as u64 * tsize).is_multiple_of(32);
-    let (logits, k_by16) = if ctx.caps.gpu_nsa {
-        (LOGITS_GPU, Some(k16))
+    // The subgroup variants read K and V from texture copies where the caller passes them
+    // and the context reads such copies; each copy must hold its buffer's words.
+    let copy = |name: &str,
+                tex: Option<&'a WordTexture>,
+                buf: &wgpu::Buffer|
+     -> Result<Option<&'a wgpu::TextureView>> {
+        match tex {
+            Some(t) if ctx.caps.textures => {
+                if t.words() * 16 < buf.size() {
+                    return Err(Error::input(
+                        OP,
+                        name,
+                        format!(
+                            "texture copy holds {} bytes, the buffer {}",
+                            t.words() * 16,
+                            buf.size()
+                        ),
+                    ));
+                }
+                Ok(Some(&t.view))
+            }
+            _ => Ok(None),
+        }
+    };
+    let (key_tex, value_tex) = (
+        copy("key_tex", b.key_tex, b.key)?,
+        copy("value_tex", b.value_tex, b.value)?,
+    );
+    type Stage<'a> = (
+        &'static str,
+        Option<bool>,
+        Vec<&'a wgpu::Buffer>,
+        Vec<&'a wgpu::TextureView>,
+    );
+    let logits: Stage = if ctx.caps.gpu_nsa {
+        (
+            LOGITS_GPU,
+            Some(k16),
+            vec![b.query, b.key, key4, b.scratch],
+            vec![],
+        )
     } else if logits_subgroup_pass(ctx.caps.subgroup_size, k16) {
-        (
-            if by32(prm.dqk) {
-                LOGITS_SG_W32
-            } else {
-                LOGITS_SG
-            },
-            None,
-        )
+        match key_tex {
+            Some(t) => (LOGITS_SG_TEX, None, vec![b.query, b.scratch], vec![t]),
+            None if by32(prm.dqk) => (
+                LOGITS_SG_W32,
+                None,
+                vec![b.query, b.key, key4, b.scratch],
+                vec![],
+            ),
+            None => (
+                LOGITS_SG,
+                None,
+                vec![b.query, b.key, key4, b.scratch],
+                vec![],
+            ),
+        }
     } else {
-        (OP, Some(k16))
+        (OP, Some(k16), vec![b.query, b.key, key4, b.scratch], vec![])
     };
-    let (values, v_by16) = if ctx.caps.gpu_nsa {
-        (VALUES_GPU, None)
+    let values: Stage = if ctx.caps.gpu_nsa {
+        (
+            VALUES_GPU,
+            None,
+            vec![b.value, value4, b.scratch, b.psum],
+            vec![],
+        )
     } else if values_subgroup_pass(ctx.caps.subgroup_size, v16, prm.dv) {
-        (
-            if by32(prm.dv) {
-                VALUES_SG_W32
-            } else {
-                VALUES_SG
-            },
-            None,
-        )
+        match value_tex {
+            Some(t) => (VALUES_SG_TEX, None, vec![b.scratch, b.psum], vec![t]),
+            None if by32(prm.dv) => (
+                VALUES_SG_W32,
+                None,
+                vec![b.value, value4, b.scratch, b.psum],
+                vec![],
+            ),
+            None => (
+                VALUES_SG,
+                None,
+                vec![b.value, value4, b.scratch, b.psum],
+                vec![],
+            ),
+        }
     } else {
-        ("nsa_compress_attention_values", Some(v16))
-    };
-    let stages: [(&'static str, Option<bool>, [&'a wgpu::Buffer; 4]); 3] = [
-        (logits, k_by16, [b.query, b.key, key4, b.scratch]),
-        (values, v_by16, [b.value, value4, b.scratch, b.psum]),
         (
-            "nsa_compress_attention_finish",
-            None,
-            [b.scratch, b.psum, b.out, b.scores],
-        ),
-    ];
+            "nsa_compress_attention_values",
+            Some(v16),
+            vec![b.value, value4, b.scratch, b.psum],
+            vec![],
+        )
+    };
+    let finish: Stage = (
+        "nsa_compress_attention_finish",
+        None,
+        vec![b.scratch, b.psum, b.out, b.scores],
+        vec![],
+    );
     let mut out = Vec::with_capacity(STAGES.len());
-    for (i, ((shader, wide, own), n)) in stages.into_iter().zip(groups).enumerate() {
+    for (i, ((shader, wide, own, textures), n)) in
+        [logits, values, finish].into_iter().zip(groups).enumerate()
+    {
         let mut key = PipelineKey::new(shader, "main")
             .with("T_KIND", dt.shader_kind())
             .with("PAGE_POW2", prm.page.is_power_of_two() as u32);
@@ -520,7 +606,7 @@ pub fn dispatch_nsa_compress_attention<'a>(
             key,
             params: bytemuck::bytes_of(prm),
             buffers: common.iter().chain(own.iter()).copied().collect(),
-            textures: vec![],
+            textures,
             groups: n as u32,
         };
         out.push((STAGES[i], d));
@@ -563,6 +649,18 @@ pub fn logits_subgroup_pass(size: Option<u32>, k16: bool) -> bool {
 /// multiple of 32. Same results, bit for bit, with half the loads.
 pub const LOGITS_SG_W32: &str = "nsa_compress_attention_sg_w32";
 
+/// The logits stage's subgroup variant reading K from a texture copy
+/// (`nsa_compress_attention_sg_tex.wgsl`): where the caller passes one
+/// ([`NsaAttnBuffers::key_tex`]) and the context has
+/// [`Capabilities::textures`](crate::gpu::Capabilities::textures). Same results, bit for bit;
+/// each 16 bytes of a row a texel fetch, which llvmpipe makes a vector gather where a storage
+/// load is a loop over the lanes (docs/perf.md, nsa-decode).
+pub const LOGITS_SG_TEX: &str = "nsa_compress_attention_sg_tex";
+
+/// The values stage's subgroup variant reading V from a texture copy
+/// (`nsa_compress_attention_values_sg_tex.wgsl`), as [`LOGITS_SG_TEX`] for K.
+pub const VALUES_SG_TEX: &str = "nsa_compress_attention_values_sg_tex";
+
 /// The values stage's subgroup variant (`nsa_compress_attention_values_sg.wgsl`).
 pub const VALUES_SG: &str = "nsa_compress_attention_values_sg";
 
@@ -580,6 +678,40 @@ pub const VALUES_SG_W32: &str = "nsa_compress_attention_values_sg_w32";
 /// token's from workgroup memory.
 pub fn values_subgroup_pass(size: Option<u32>, v16: bool, dv: u32) -> bool {
     size == Some(8) && v16 && dv.div_ceil(16) == 8
+}
+
+/// Whether the logits (K) and values (V) stages on `ctx` read texture copies of K and V where
+/// a caller passes them ([`NsaAttnBuffers::with_textures`]): where the context reads texture
+/// copies ([`Capabilities::textures`](crate::gpu::Capabilities::textures)) and the stage runs
+/// its subgroup variant, which has a texture form ([`LOGITS_SG_TEX`], [`VALUES_SG_TEX`]). A
+/// caller keeps copies only of what would be read.
+pub fn texture_stages(ctx: &Context, dt: DType, dqk: usize, dv: usize) -> (bool, bool) {
+    let on = ctx.caps.textures && !ctx.caps.gpu_nsa;
+    let by16 = |d: usize| (d * dt.size()).is_multiple_of(16);
+    let size = ctx.caps.subgroup_size;
+    (
+        on && logits_subgroup_pass(size, by16(dqk)),
+        on && values_subgroup_pass(size, by16(dv), dv as u32),
+    )
+}
+
+/// Texture copies of `key` and `value` for the stages [`texture_stages`] names (`None` for
+/// the others, or where the adapter's textures cannot hold them), recorded into `enc`.
+pub fn texture_copies(
+    ctx: &Context,
+    enc: &mut wgpu::CommandEncoder,
+    dt: DType,
+    (dqk, dv): (usize, usize),
+    key: &wgpu::Buffer,
+    value: &wgpu::Buffer,
+) -> (Option<WordTexture>, Option<WordTexture>) {
+    let (k, v) = texture_stages(ctx, dt, dqk, dv);
+    let mut copy = |on: bool, name: &str, buf: &wgpu::Buffer| {
+        let tex = WordTexture::new(ctx, &format!("qsa.{OP}.{name}"), buf.size()).filter(|_| on)?;
+        tex.copy_words(enc, buf, 0, tex.words());
+        Some(tex)
+    };
+    (copy(k, "key_tex", key), copy(v, "value_tex", value))
 }
 
 /// Records the four stages of [`dispatch_nsa_compress_attention`] into `enc`, with fresh bind
@@ -639,6 +771,11 @@ pub async fn gpu_with_split(
     if let Some(split2) = split2 {
         prm.split2 = split2;
     }
+    // Texture copies of K and V where the stages read them: a copy costs less than what it
+    // saves on llvmpipe (docs/perf.md, nsa-decode).
+    let dims = (p.dqk, p.dv);
+    let (kt, vt) = texture_copies(ctx, &mut enc, p.dt, dims, &key.buffer, &value.buffer);
+    let bufs = bufs.with_textures(kt.as_ref(), vt.as_ref());
     encode_nsa_compress_attention(ctx, &mut enc, p.dt, &prm, &bufs).await?;
     ctx.submit(OP, enc).await?;
     let mut got = read_checked(ctx, OP, &[&t.out, &t.topk], &flags).await?;

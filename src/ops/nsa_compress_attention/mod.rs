@@ -12,10 +12,10 @@ mod validate;
 pub use cpu::{cpu, reference};
 pub use gpu::{
     dispatch_nsa_compress_attention, encode_nsa_compress_attention, gpu, gpu_with_split,
-    logits_subgroup_pass, loop_iterations, scratch_words, split1_for, split2_for,
-    values_subgroup_pass, NsaAttnBuffers, NsaAttnTensors, NsaCompressAttentionParams, LOGITS_GPU,
-    LOGITS_SG, LOGITS_SG_W32, SPLIT1, SPLIT1_GPU, SPLITS2, STAGES, VALUES_GPU, VALUES_SG,
-    VALUES_SG_W32,
+    logits_subgroup_pass, loop_iterations, scratch_words, split1_for, split2_for, texture_copies,
+    texture_stages, values_subgroup_pass, NsaAttnBuffers, NsaAttnTensors,
+    NsaCompressAttentionParams, LOGITS_GPU, LOGITS_SG, LOGITS_SG_TEX, LOGITS_SG_W32, SPLIT1,
+    SPLIT1_GPU, SPLITS2, STAGES, VALUES_GPU, VALUES_SG, VALUES_SG_TEX, VALUES_SG_W32,
 };
 pub use validate::validate;
 

@@ -10,8 +10,8 @@ use qsa_wgpu::gpu::{ClockHold, Context, GpuTensor, Timer};
 use qsa_wgpu::indexer::{IndexerConfig, QsaIndexer};
 use qsa_wgpu::ops::common::{flag_word, read_checked, Bound, Dispatch};
 use qsa_wgpu::ops::nsa_compress_attention::{
-    dispatch_nsa_compress_attention, validate as nsa_validate, Layout, NsaAttnTensors,
-    NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
+    dispatch_nsa_compress_attention, texture_copies, validate as nsa_validate, Layout,
+    NsaAttnTensors, NsaCompressAttentionAttrs, NsaCompressAttentionInputs,
 };
 use qsa_wgpu::ops::sparse_attention::{
     dispatch_attention, pack_seqs, params as attn_params, plan_attention, scratch_buffer,
@@ -420,14 +420,21 @@ fn nsa(j: &Job) -> Result<Measure> {
     let t = NsaAttnTensors::new(ctx, &p, false)?;
     let flags = flag_word(ctx)?;
     let sel = prm.topk_params();
-    let b = t.buffers(
-        &gq.buffer,
-        &gk.buffer,
-        &gv.buffer,
-        &gt.buffer,
-        &gl.buffer,
-        &flags.buffer,
-    );
+    // Texture copies of the compressed caches where the stages read them, made once as the
+    // caches are uploaded once (their owner keeps them current, as the NSA selector does).
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    let (kt, vt) = texture_copies(ctx, &mut enc, dt, (dqk, dv), &gk.buffer, &gv.buffer);
+    ctx.queue.submit([enc.finish()]);
+    let b = t
+        .buffers(
+            &gq.buffer,
+            &gk.buffer,
+            &gv.buffer,
+            &gt.buffer,
+            &gl.buffer,
+            &flags.buffer,
+        )
+        .with_textures(kt.as_ref(), vt.as_ref());
     // One span per stage: logits, values, finish, top-k.
     let bound = bind_stages(
         ctx,
