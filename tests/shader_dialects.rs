@@ -85,8 +85,10 @@ fn browser_dialect_only_enables_subgroups() {
             "block_score_tex_sg",
             "nsa_compress_attention_sg",
             "nsa_compress_attention_sg_w32",
+            "nsa_compress_attention_sg_tex",
             "nsa_compress_attention_values_sg",
             "nsa_compress_attention_values_sg_w32",
+            "nsa_compress_attention_values_sg_tex",
             "sparse_attention_sg",
             "sparse_attention_sg_w32",
             "sparse_attention_route_sg"
