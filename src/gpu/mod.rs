@@ -29,7 +29,8 @@ pub struct ContextOptions {
     /// Never choose an operator's subgroup variant (the portable kernels run instead).
     pub disable_subgroups: bool,
     /// Never read from texture copies of buffers (the indexer's scoring then reads its index
-    /// queries and block keys from their buffers, as the standalone `block_score` does).
+    /// queries and block keys from their buffers, as the standalone `block_score` does, and
+    /// `nsa_compress_attention` its K and V).
     pub disable_textures: bool,
     /// Never load 32 bytes per invocation through 64-bit integer words (the NSA and attention
     /// subgroup variants then load 16-byte words, as on adapters without 64-bit integers).
@@ -70,7 +71,8 @@ pub struct Capabilities {
     /// after 65535 iterations: operators refuse sizes that could reach that.
     pub llvmpipe: bool,
     /// Whether the indexer keeps texture copies of its index queries and block keys and scores
-    /// from them: on every adapter but a discrete GPU (llvmpipe counts as a CPU adapter
+    /// from them, and `nsa_compress_attention`'s subgroup variants read texture copies of K and
+    /// V (the NSA selector keeps them of its compressed caches): on every adapter but a discrete GPU (llvmpipe counts as a CPU adapter
     /// whatever type a backend reports for it), unless
     /// [`ContextOptions::disable_textures`]. Texel fetches are the faster loads on llvmpipe;
     /// on the H200 the storage reads were faster (bf16 decode score 0.031 → 0.025 ms, prefill

@@ -51,7 +51,8 @@ pub struct BenchArgs {
     /// Run the portable kernels even where the adapter has subgroups.
     #[arg(long)]
     pub no_subgroups: bool,
-    /// Score from the indexer's query and block-key buffers, not from their texture copies.
+    /// Read the buffers, not their texture copies: the indexer's queries and block keys, NSA's
+    /// compressed K and V.
     #[arg(long)]
     pub no_textures: bool,
     /// Load 16 bytes per invocation even where the adapter has 64-bit integers (the NSA and
