@@ -112,8 +112,9 @@ fn rank_sg(id: u32, lid: u32, sl: u32, ssz: u32) {
 // every quad of `skey` (one loop over the lanes per read on llvmpipe), the lanes of a subgroup
 // read ssz quads at once, one each, and `subgroupShuffle` gives each to all. Quads before
 // every owner's in the subgroup count equal keys (ge), quads after all of them only larger
-// ones (gt); the few between, which hold the owners' own quads, each lane reads itself and
-// compares as `rank_write` does. The same counts as `rank_write`, so the same ranks.
+// ones (gt); the few between, which hold the owners' own quads, are shuffled the same way and
+// each lane compares them as `rank_write` does. The same counts as `rank_write`, so the same
+// ranks.
 fn rank_counts(lid: u32, sl: u32, ssz: u32, m: u32, span: vec2<u32>) -> array<vec4<u32>, 2> {
     let p0 = 8u * lid;
     let own = p0 < m;
@@ -139,15 +140,22 @@ fn rank_counts(lid: u32, sl: u32, ssz: u32, m: u32, span: vec2<u32>) -> array<ve
             rb += ge4(v, kb);
         }
     }
-    for (var q = qa; q < select(qa, qb, any_own); q++) {
-        let v = skey[q];
-        let before = vec4<u32>(select(0u, 1u, q < qo));
-        let after = vec4<u32>(select(0u, 1u, q >= qo + 2u));
-        ra += before * ge4(v, ka) + after * gt4(v, ka);
-        rb += before * ge4(v, kb) + after * gt4(v, kb);
-        if (q >= qo && q < qo + 2u) {
-            ra += before_quad(v, q, pa, ka);
-            rb += before_quad(v, q, pb, kb);
+    // The quads between are read as the others are, ssz at a time and shuffled to every lane:
+    // read one by one, each read was a loop over the lanes for the same address.
+    let qe = select(qa, qb, any_own);
+    for (var b = qa; b < qe; b += ssz) {
+        let mine = skey[min(b + sl, qe - 1u)];
+        for (var i = 0u; i < min(ssz, qe - b); i++) {
+            let v = subgroupShuffle(mine, i);
+            let q = b + i;
+            let before = vec4<u32>(select(0u, 1u, q < qo));
+            let after = vec4<u32>(select(0u, 1u, q >= qo + 2u));
+            ra += before * ge4(v, ka) + after * gt4(v, ka);
+            rb += before * ge4(v, kb) + after * gt4(v, kb);
+            if (q >= qo && q < qo + 2u) {
+                ra += before_quad(v, q, pa, ka);
+                rb += before_quad(v, q, pb, kb);
+            }
         }
     }
     for (var b = qb; b < select(qb, nq, any_own); b += ssz) {
