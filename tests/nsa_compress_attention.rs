@@ -620,13 +620,36 @@ fn gpu_shaped_kernels_match_cpu() {
     assert!(!plain.cache.built(LOGITS_GPU) && !plain.cache.built(VALUES_GPU));
 }
 
+/// A problem's inputs on the device for a direct `dispatch_nsa_compress_attention` (lengths and
+/// flags zero: nothing is run), with the call's tensors.
+struct Uploaded {
+    t: qsa_wgpu::ops::nsa_compress_attention::NsaAttnTensors,
+    up: [qsa_wgpu::gpu::GpuTensor; 6],
+}
+
+impl Uploaded {
+    fn new(ctx: &Context, p: &Problem, plan: &qsa_wgpu::ops::nsa_compress_attention::Plan) -> Self {
+        let up = |t: &qsa_wgpu::Tensor| qsa_wgpu::gpu::GpuTensor::upload(ctx, "t", t).unwrap();
+        let t =
+            qsa_wgpu::ops::nsa_compress_attention::NsaAttnTensors::new(ctx, plan, false).unwrap();
+        let zeros = qsa_wgpu::Tensor::from_u32(&[4], &[0; 4]);
+        let flag = qsa_wgpu::Tensor::from_u32(&[1], &[0]);
+        let up = [&p.query, &p.key, &p.value, &p.block_table, &zeros, &flag].map(up);
+        Uploaded { t, up }
+    }
+
+    fn buffers(&self) -> qsa_wgpu::ops::nsa_compress_attention::NsaAttnBuffers<'_> {
+        let b = |i: usize| &self.up[i].buffer;
+        self.t.buffers(b(0), b(1), b(2), b(3), b(4), b(5))
+    }
+}
+
 #[test]
 fn a_split1_the_kernels_do_not_take_is_refused() {
     // Parameters made for one context's logits kernel, recorded on the other's: refused before
     // anything runs, naming the split.
-    use qsa_wgpu::gpu::GpuTensor;
     use qsa_wgpu::ops::nsa_compress_attention::{
-        dispatch_nsa_compress_attention, validate, NsaAttnTensors, SPLIT1, SPLIT1_GPU,
+        dispatch_nsa_compress_attention, validate, SPLIT1, SPLIT1_GPU,
     };
     let mut rng = Rng::new(0x6a);
     let mut geo = paper(DType::F32, TND);
@@ -636,19 +659,8 @@ fn a_split1_the_kernels_do_not_take_is_refused() {
         let plan = validate(&p.inputs(), &p.attrs()).unwrap();
         let mut prm = plan.params().for_adapter(&ctx);
         prm.split1 = wrong;
-        let t = NsaAttnTensors::new(&ctx, &plan, false).unwrap();
-        let up = |t: &qsa_wgpu::Tensor| GpuTensor::upload(&ctx, "t", t).unwrap();
-        let (q, k, v, bt) = (up(&p.query), up(&p.key), up(&p.value), up(&p.block_table));
-        let lens = up(&qsa_wgpu::Tensor::from_u32(&[4], &[0; 4]));
-        let flags = up(&qsa_wgpu::Tensor::from_u32(&[1], &[0]));
-        let b = t.buffers(
-            &q.buffer,
-            &k.buffer,
-            &v.buffer,
-            &bt.buffer,
-            &lens.buffer,
-            &flags.buffer,
-        );
+        let u = Uploaded::new(&ctx, &p, &plan);
+        let b = u.buffers();
         let sel = prm.topk_params();
         let err = match dispatch_nsa_compress_attention(&ctx, plan.dt, &prm, &sel, &b) {
             Ok(_) => panic!("split1 = {wrong} was taken"),
@@ -665,9 +677,9 @@ fn a_split1_the_kernels_do_not_take_is_refused() {
 fn a_texture_copy_smaller_than_its_buffer_is_refused() {
     // A copy of K that holds fewer words than the K buffer (a caller that sized it for another
     // cache): refused before anything is recorded, naming the input and both sizes.
-    use qsa_wgpu::gpu::{GpuTensor, WordTexture};
+    use qsa_wgpu::gpu::WordTexture;
     use qsa_wgpu::ops::nsa_compress_attention::{
-        dispatch_nsa_compress_attention, texture_stages, validate, NsaAttnTensors,
+        dispatch_nsa_compress_attention, texture_stages, validate,
     };
     let ctx = util::ctx();
     let geo = paper(DType::F32, TND);
@@ -682,25 +694,13 @@ fn a_texture_copy_smaller_than_its_buffer_is_refused() {
     let p = Problem::new(&mut rng, geo, &[1], &[300], &[299 * 16 + 32]);
     let plan = validate(&p.inputs(), &p.attrs()).unwrap();
     let prm = plan.params().for_adapter(&ctx);
-    let t = NsaAttnTensors::new(&ctx, &plan, false).unwrap();
-    let up = |t: &qsa_wgpu::Tensor| GpuTensor::upload(&ctx, "t", t).unwrap();
-    let (q, k, v, bt) = (up(&p.query), up(&p.key), up(&p.value), up(&p.block_table));
-    let lens = up(&qsa_wgpu::Tensor::from_u32(&[4], &[0; 4]));
-    let flags = up(&qsa_wgpu::Tensor::from_u32(&[1], &[0]));
-    let small = WordTexture::new(&ctx, "small", k.buffer.size() - 16).unwrap();
-    let whole = WordTexture::new(&ctx, "whole", k.buffer.size()).unwrap();
+    let u = Uploaded::new(&ctx, &p, &plan);
+    let key_bytes = u.up[1].buffer.size();
+    let small = WordTexture::new(&ctx, "small", key_bytes - 16).unwrap();
+    let whole = WordTexture::new(&ctx, "whole", key_bytes).unwrap();
     let sel = prm.topk_params();
     for (tex, ok) in [(&small, false), (&whole, true)] {
-        let b = t
-            .buffers(
-                &q.buffer,
-                &k.buffer,
-                &v.buffer,
-                &bt.buffer,
-                &lens.buffer,
-                &flags.buffer,
-            )
-            .with_textures(Some(tex), None);
+        let b = u.buffers().with_textures(Some(tex), None);
         match dispatch_nsa_compress_attention(&ctx, plan.dt, &prm, &sel, &b) {
             Ok(d) => {
                 assert!(ok, "a copy of {} words was taken", tex.words());
@@ -710,7 +710,7 @@ fn a_texture_copy_smaller_than_its_buffer_is_refused() {
             Err(e) => {
                 let e = e.to_string();
                 assert!(!ok, "{e}");
-                let need = k.buffer.size().to_string();
+                let need = key_bytes.to_string();
                 assert!(e.contains("key_tex") && e.contains(&need), "{e}");
             }
         }
