@@ -519,6 +519,11 @@ mod tests {
         ),
         (
             "block_topk_sg.wgsl",
+            "for (var b = qa; b < qe; b += ssz)",
+            "as above",
+        ),
+        (
+            "block_topk_sg.wgsl",
             "for (var b = qb; b < select(qb, nq, any_own); b += ssz)",
             "as above",
         ),
